@@ -1,0 +1,88 @@
+"""What every engine adapter provides: the EngineAdapter protocol, the EngineLoad it scrapes,
+and the LaunchSpec it turns into a launch command. Nothing here does I/O."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLoad:
+    """One scrape of a backend's own /metrics, under our names. None means the engine lacks it."""
+
+    running: float | None = None
+    waiting: float | None = None
+    kv_usage: float | None = None
+    """Fraction of the KV cache in use, 0..1."""
+    prefix_hit_rate: float | None = None
+    """Cumulative prefix-cache hits / queries (0..1) since the engine started."""
+    scraped_at: float = 0.0
+    """time.monotonic() of the scrape."""
+
+    def signals(self) -> dict[str, float]:
+        out = {}
+        for key in ("running", "waiting", "kv_usage", "prefix_hit_rate"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = float(value)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchSpec:
+    """What `gateway plan` knows about one backend: enough to print the engine's launch command."""
+
+    model: str
+    host: str
+    port: int
+    max_context_tokens: int | None
+    parallel: int = 4
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class NormalisedError:
+    """An engine error turned into the one OpenAI shape."""
+
+    status: int
+    message: str
+    type: str
+    code: str | None
+    param: str | None = None
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizeCall:
+    """One HTTP call to an engine's tokenizer: POST `path` with `json`, count with `count_from`."""
+
+    path: str
+    json: Mapping[str, Any]
+
+
+class EngineAdapter(Protocol):
+    kind: str
+    health_path: str
+    metrics_path: str
+
+    def parse_load(self, metrics_text: str, now: float) -> EngineLoad: ...
+
+    def tokenize_calls(
+        self, model: str, messages: Sequence[Mapping[str, Any]] | None, prompt: str | None
+    ) -> Sequence[TokenizeCall]:
+        """The calls that give an exact prompt token count; empty when the engine can't count."""
+        ...
+
+    def count_tokens(self, responses: Sequence[Any]) -> int | None:
+        """The token count from the JSON answers to tokenize_calls, in order."""
+        ...
+
+    def normalise_error(self, status: int, body: bytes) -> NormalisedError:
+        """Any error body this engine sends, as one OpenAI-shaped error with the right status."""
+        ...
+
+    def launch_argv(self, spec: LaunchSpec) -> list[str]: ...

@@ -1,0 +1,250 @@
+"""The gateway's configuration: frozen pydantic models for gateway.yaml, `${ENV}` substitution,
+and errors that name the YAML path. A leaf module: it imports nothing else from the gateway."""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+
+EngineKind = Literal["vllm", "sglang", "llamacpp", "trtllm", "lmdeploy", "nim", "ollama", "openai", "sim"]
+BalancerKind = Literal["least_load", "prefix_affinity", "round_robin", "session", "first_healthy"]
+PlatformName = Literal["auto", "mac", "no_nvidia_gpu", "nvidia_gpu"]
+
+_ENV_PATTERN = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServerConfig(_Model):
+    host: str = "127.0.0.1"
+    port: Annotated[int, Field(ge=0, le=65535)] = 4000
+    drain_timeout_s: Annotated[float, Field(ge=0)] = 30.0
+    api_keys: tuple[SecretStr, ...] = ()
+    """Client keys accepted as `Authorization: Bearer ...`; empty means no client auth."""
+
+
+class LimitsConfig(_Model):
+    max_body_bytes: Annotated[int, Field(ge=1024)] = 10 * 1024 * 1024
+    max_json_depth: Annotated[int, Field(ge=2, le=10_000)] = 64
+    max_n: Annotated[int, Field(ge=1)] = 8
+    max_messages: Annotated[int, Field(ge=1)] = 10_000
+
+
+class TimeoutsConfig(_Model):
+    connect_s: Annotated[float, Field(gt=0)] = 5.0
+    first_byte_s: Annotated[float, Field(gt=0)] = 300.0
+    """Upstream response headers must arrive within this; long prefills are allowed for."""
+    idle_s: Annotated[float, Field(gt=0)] = 120.0
+    """Longest gap between two upstream chunks. There is deliberately no total cap on a stream."""
+    keepalive_s: Annotated[float, Field(ge=0)] = 15.0
+    """While a stream waits for its first byte, send an SSE comment this often (0 disables)."""
+
+
+class RetryConfig(_Model):
+    max_attempts: Annotated[int, Field(ge=1, le=10)] = 3
+    budget_ratio: Annotated[float, Field(ge=0, le=1)] = 0.2
+    budget_min: Annotated[int, Field(ge=0)] = 3
+
+
+class HealthConfig(_Model):
+    interval_s: Annotated[float, Field(gt=0)] = 5.0
+    timeout_s: Annotated[float, Field(gt=0)] = 2.0
+    unhealthy_after: Annotated[int, Field(ge=1)] = 5
+    """Consecutive passive failures (connect errors, 5xx) before a backend is ejected."""
+    scrape_interval_s: Annotated[float, Field(ge=0.25)] = 1.0
+    """How often each backend's /metrics is scraped for load; 0.25 s is the floor by design."""
+    scrape_stale_s: Annotated[float, Field(gt=0)] = 10.0
+
+
+class SharedPrefixConfig(_Model):
+    block_chars: Annotated[int, Field(ge=16)] = 256
+    min_prefix_chars: Annotated[int, Field(ge=16)] = 1024
+    min_seen: Annotated[int, Field(ge=1)] = 2
+    window_s: Annotated[float, Field(gt=0)] = 600.0
+    max_entries: Annotated[int, Field(ge=16)] = 65_536
+
+
+class RoutingConfig(_Model):
+    platform: PlatformName = "auto"
+    shared_prefix: SharedPrefixConfig = SharedPrefixConfig()
+
+
+class BackendConfig(_Model):
+    url: str
+    name: Annotated[str, Field(pattern=_NAME_PATTERN)] | None = None
+    api_key: SecretStr | None = None
+    model: str | None = None
+    """The model name this backend serves; sent upstream in place of the client's name."""
+    max_in_flight: Annotated[int, Field(ge=1)] | None = None
+
+    @model_validator(mode="after")
+    def _check_url(self) -> BackendConfig:
+        if not re.match(r"^https?://[^/\s]+", self.url):
+            raise ValueError(f"url must be http(s)://host[:port][/path], got {self.url!r}")
+        return self
+
+
+class PoolConfig(_Model):
+    engine: EngineKind
+    balancer: BalancerKind = "least_load"
+    backends: Annotated[tuple[BackendConfig, ...], Field(min_length=1)]
+    session_header: str = "x-session-id"
+    affinity_epsilon: Annotated[float, Field(ge=0)] = 0.25
+    """prefix_affinity spills to the next choice past (1+epsilon) x the pool's mean load."""
+
+
+class RuleWhen(_Model):
+    shared_prefix: bool | None = None
+    platform: Literal["mac", "no_nvidia_gpu", "nvidia_gpu"] | None = None
+    header: Mapping[str, str] | None = None
+    model: str | None = None
+    min_prompt_tokens: Annotated[int, Field(ge=0)] | None = None
+    max_prompt_tokens: Annotated[int, Field(ge=0)] | None = None
+    has_tools: bool | None = None
+    stream: bool | None = None
+
+
+class RuleConfig(_Model):
+    name: str | None = None
+    when: RuleWhen = RuleWhen()
+    pool: str
+
+
+class CapsConfig(_Model):
+    max_context_tokens: Annotated[int, Field(ge=16)] | None = None
+    on_exceed: Literal["reject", "truncate_oldest"] = "reject"
+    default_max_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_tokens_limit: Annotated[int, Field(ge=1)] | None = None
+    exact_margin: Annotated[float, Field(ge=0, le=1)] = 0.15
+    """Within this fraction of the cap, count tokens exactly with the engine instead of estimating."""
+
+
+class RouteConfig(_Model):
+    model: Annotated[str, Field(min_length=1)]
+    """Client-facing model name, or a glob such as `llama-*`."""
+    name: str | None = None
+    upstream_model: str | None = None
+    pools: Annotated[tuple[str, ...], Field(min_length=1)]
+    rules: tuple[RuleConfig, ...] = ()
+    caps: CapsConfig = CapsConfig()
+
+    @property
+    def label(self) -> str:
+        return self.name or self.model
+
+    @property
+    def is_glob(self) -> bool:
+        return any(c in self.model for c in "*?[")
+
+
+class GatewayConfig(_Model):
+    server: ServerConfig = ServerConfig()
+    limits: LimitsConfig = LimitsConfig()
+    timeouts: TimeoutsConfig = TimeoutsConfig()
+    retry: RetryConfig = RetryConfig()
+    health: HealthConfig = HealthConfig()
+    routing: RoutingConfig = RoutingConfig()
+    pools: Mapping[Annotated[str, Field(pattern=_NAME_PATTERN)], PoolConfig]
+    routes: Annotated[tuple[RouteConfig, ...], Field(min_length=1)]
+
+    @model_validator(mode="after")
+    def _check_references(self) -> GatewayConfig:
+        problems: list[str] = []
+        for i, route in enumerate(self.routes):
+            for j, pool in enumerate(route.pools):
+                if pool not in self.pools:
+                    problems.append(f"routes.{i}.pools.{j}: unknown pool {pool!r}")
+            for j, rule in enumerate(route.rules):
+                if rule.pool not in route.pools:
+                    problems.append(f"routes.{i}.rules.{j}.pool: {rule.pool!r} is not in this route's pools")
+        seen: set[str] = set()
+        for pool_name, pool in self.pools.items():
+            for j, backend in enumerate(pool.backends):
+                name = backend_name(pool_name, j, backend)
+                if name in seen:
+                    problems.append(f"pools.{pool_name}.backends.{j}.name: duplicate backend name {name!r}")
+                seen.add(name)
+        labels = [r.label for r in self.routes]
+        for label in {x for x in labels if labels.count(x) > 1}:
+            problems.append(f"routes: duplicate route name {label!r}")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def route_for(self, model: str) -> RouteConfig | None:
+        """Exact names win over globs; among globs, the first listed wins."""
+        for route in self.routes:
+            if not route.is_glob and route.model == model:
+                return route
+        for route in self.routes:
+            if route.is_glob and fnmatch.fnmatchcase(model, route.model):
+                return route
+        return None
+
+
+def backend_name(pool: str, index: int, backend: BackendConfig) -> str:
+    return backend.name or f"{pool}-{index}"
+
+
+class ConfigError(Exception):
+    """A config that cannot be used; `problems` lists each error with its YAML path."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+def substitute_env(value: Any, env: Mapping[str, str], path: str = "") -> Any:
+    """Replace `${NAME}` and `${NAME:-default}` in every string; a missing variable is an error."""
+    if isinstance(value, str):
+        def repl(match: re.Match[str]) -> str:
+            name, default = match.group(1), match.group(2)
+            if name in env:
+                return env[name]
+            if default is not None:
+                return default
+            raise ConfigError([f"{path or '<root>'}: environment variable {name} is not set"])
+
+        return _ENV_PATTERN.sub(repl, value)
+    if isinstance(value, dict):
+        return {k: substitute_env(v, env, f"{path}.{k}" if path else str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [substitute_env(v, env, f"{path}.{i}") for i, v in enumerate(value)]
+    return value
+
+
+def parse_config(data: Any, env: Mapping[str, str] | None = None) -> GatewayConfig:
+    if not isinstance(data, dict):
+        raise ConfigError(["<root>: the config must be a mapping"])
+    data = substitute_env(data, os.environ if env is None else env)
+    try:
+        return GatewayConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            loc = ".".join(str(p) for p in err["loc"]) or "<root>"
+            msg = err["msg"].removeprefix("Value error, ")
+            problems.append(f"{loc}: {msg}")
+        raise ConfigError(problems) from None
+
+
+def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> GatewayConfig:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError([f"{path}: {exc.strerror}"]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError([f"{path}: invalid YAML: {exc}"]) from None
+    return parse_config(data, env)
