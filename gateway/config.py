@@ -161,9 +161,9 @@ class GatewayConfig(_Model):
     def _check_references(self) -> GatewayConfig:
         problems: list[str] = []
         for i, route in enumerate(self.routes):
-            for j, pool in enumerate(route.pools):
-                if pool not in self.pools:
-                    problems.append(f"routes.{i}.pools.{j}: unknown pool {pool!r}")
+            for j, ref in enumerate(route.pools):
+                if ref not in self.pools:
+                    problems.append(f"routes.{i}.pools.{j}: unknown pool {ref!r}")
             for j, rule in enumerate(route.rules):
                 if rule.pool not in route.pools:
                     problems.append(f"routes.{i}.rules.{j}.pool: {rule.pool!r} is not in this route's pools")
