@@ -23,7 +23,7 @@ import gguf
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tiny_vocab import CHATML_TEMPLATE, SPECIAL_TOKENS, banned_token_mask, build_vocab  # noqa: E402
+from tiny_vocab import CHATML_TEMPLATE, SPECIAL_TOKENS, banned_token_mask, build_vocab
 
 SEED = 1234
 N_LAYER = 2

@@ -15,6 +15,7 @@ Only the standard library is used, so this module can run under any of the engin
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections import Counter
 
@@ -43,7 +44,7 @@ CORPUS = (
     "Operators read the metrics to learn how many requests are running, how many are waiting, how full "
     "the cache is, and how quickly the first token arrives. The numbers 0123456789 appear in counters, "
     "in ports such as 8080 and 8000, and in timestamps like 2024-05-17 12:34:56. Punctuation matters "
-    "too: commas, periods, colons; quotes \"like this\", (parentheses), [brackets] and {braces}, "
+    'too: commas, periods, colons; quotes "like this", (parentheses), [brackets] and {braces}, '
     "dashes - and underscores _, slashes / and backslashes \\, plus signs + and equals signs =, "
     "question marks? and exclamation marks! A quick brown fox jumps over the lazy dog while the "
     "engine generates gibberish from random weights, and that is fine, because the tests care about "
@@ -71,14 +72,12 @@ def bytes_to_unicode() -> dict[int, str]:
 def train_merges(n_merges: int = N_MERGES) -> list[tuple[str, str]]:
     """Learn ``n_merges`` BPE merges from CORPUS; ties broken by the pair's text, so deterministic."""
     table = bytes_to_unicode()
-    words = Counter(
-        tuple(table[b] for b in piece.encode("utf-8")) for piece in _PRETOKENIZE.findall(CORPUS)
-    )
+    words = Counter(tuple(table[b] for b in piece.encode("utf-8")) for piece in _PRETOKENIZE.findall(CORPUS))
     merges: list[tuple[str, str]] = []
     while len(merges) < n_merges:
         pairs: Counter[tuple[str, str]] = Counter()
         for word, count in words.items():
-            for pair in zip(word, word[1:], strict=False):
+            for pair in itertools.pairwise(word):
                 pairs[pair] += count
         if not pairs:
             raise RuntimeError(f"corpus too small: only {len(merges)} merges possible")
