@@ -1,0 +1,117 @@
+"""Fixtures for the real-engine integration tier: real llama-server and vLLM processes.
+
+- ``llamacpp_server`` (session): llama-server on the tiny GGUF, 4 slots of 512 tokens each, --metrics.
+- ``vllm_server`` (session): vLLM on the tiny HF model, max_model_len 1024, max_num_seqs 2.
+- ``engine_launcher`` (function): ``launch("llamacpp" | "vllm", **kwargs)`` starts an extra server with
+  custom settings (see tests/engines/servers.py ``start_llamacpp`` / ``start_vllm``); all are stopped
+  at teardown.
+
+Each yields a ``servers.EngineServer``: ``.base_url`` (``http://127.0.0.1:PORT``), ``.v1_url``,
+``.health_url``, ``.metrics_url``, ``.model == "tiny"``, ``.max_context``, ``.parallel``, ``.kind``,
+``.pid``, ``.log_path``, ``.ready_seconds``, ``.stop()``.
+
+When an engine is not installed (run ``bash tests/engines/setup.sh``) its tests are SKIPPED with a loud
+reason, and the terminal summary says so; with ``GATEWAY_REQUIRE_ENGINES=1`` they FAIL instead (CI).
+Every test under tests/integration/ gets the ``integration`` marker.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+_HERE = Path(__file__).resolve().parent
+_MISSING_KEY = pytest.StashKey[dict[str, str]]()
+
+
+def _load_servers() -> ModuleType:
+    try:
+        from tests.engines import servers
+
+        return servers
+    except ImportError:
+        path = _HERE.parent / "engines" / "servers.py"
+        spec = importlib.util.spec_from_file_location("gateway_test_engine_servers", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+        return module
+
+
+servers = _load_servers()
+
+
+def _require_engine(config: pytest.Config, kind: str) -> None:
+    """Skip (or, with GATEWAY_REQUIRE_ENGINES=1, fail) when the engine is not installed."""
+    reason = servers.engine_missing(kind)
+    if reason is None:
+        return
+    config.stash.setdefault(_MISSING_KEY, {})[kind] = reason
+    if os.environ.get("GATEWAY_REQUIRE_ENGINES") == "1":
+        pytest.fail(f"GATEWAY_REQUIRE_ENGINES=1 and {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if _HERE in item.path.resolve().parents:
+            item.add_marker(pytest.mark.integration)
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    missing = config.stash.get(_MISSING_KEY, {})
+    if missing:
+        terminalreporter.section("REAL ENGINES MISSING", sep="!", red=True, bold=True)
+        for reason in missing.values():
+            terminalreporter.line(reason, red=True)
+
+
+@pytest.fixture(scope="session")
+def llamacpp_server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Any]:
+    _require_engine(request.config, "llamacpp")
+    log = tmp_path_factory.mktemp("engines") / "llamacpp-session.log"
+    server = servers.start_llamacpp(ctx_per_slot=512, parallel=4, log_path=log)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    _require_engine(request.config, "vllm")
+    log = tmp_path_factory.mktemp("engines") / "vllm-session.log"
+    server = servers.start_vllm(max_model_len=1024, max_num_seqs=2, log_path=log)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def engine_launcher(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[..., Any]]:
+    started: list[Any] = []
+
+    def launch(kind: str, **kwargs: Any) -> Any:
+        _require_engine(request.config, kind)
+        kwargs.setdefault("log_path", tmp_path / f"{kind}-{len(started)}.log")
+        start = servers.start_llamacpp if kind == "llamacpp" else servers.start_vllm
+        server = start(**kwargs)
+        started.append(server)
+        return server
+
+    try:
+        yield launch
+    finally:
+        for server in started:
+            server.stop()
