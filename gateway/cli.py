@@ -1,0 +1,161 @@
+"""argv -> subcommands: serve, check, plan, kv, explain, sim, demo. The only module that reads argv."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from gateway import kv
+from gateway.config import ConfigError, GatewayConfig, load_config
+
+DEFAULT_CONFIG = "gateway.yaml"
+
+
+def _load(path: str) -> GatewayConfig | None:
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        print(f"{path}: invalid config", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"  {problem}", file=sys.stderr)
+        return None
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from gateway.server import configure_logging, serve
+
+    config = _load(args.config)
+    if config is None:
+        return 1
+    configure_logging(args.log_level)
+    host = args.host or config.server.host
+    port = config.server.port if args.port is None else args.port
+    asyncio.run(serve(config, host, port, log_level=args.log_level))
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    config = _load(args.file)
+    if config is None:
+        return 1
+    backends = sum(len(p.backends) for p in config.pools.values())
+    print(f"{args.file}: OK ({len(config.pools)} pools, {backends} backends, {len(config.routes)} routes)")
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from gateway.plan import render_plan
+
+    config = _load(args.config)
+    if config is None:
+        return 1
+    print(render_plan(config, kv_config=args.model_config, parallel=args.parallel))
+    return 0
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from gateway.explain import explain
+
+    config = _load(args.config)
+    if config is None:
+        return 1
+    raw = sys.stdin.buffer.read() if args.body == "-" else Path(args.body).read_bytes()
+    print(json.dumps(explain(config, raw, args.kind, platform=args.platform), indent=2))
+    return 0
+
+
+def cmd_sim(args: argparse.Namespace) -> int:
+    from engines.sim import SimParams, run_sim
+    from gateway.server import configure_logging
+
+    configure_logging(args.log_level)
+    overrides = {"flavour": args.flavour, "model": args.model}
+    if args.context_limit:
+        overrides["context_limit"] = args.context_limit
+    if args.fault:
+        overrides["fault"] = args.fault
+    params = SimParams.preset(args.preset, **overrides)
+    print(f"simulated {args.flavour} engine (a simulator, not a real engine) on "
+          f"http://{args.host}:{args.port}, model {args.model!r}, preset {args.preset!r}", flush=True)
+    try:
+        asyncio.run(run_sim(params, args.host, args.port))
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from gateway.demo import run_demo
+    from gateway.server import configure_logging
+
+    configure_logging(args.log_level)
+    try:
+        asyncio.run(run_demo(args.host, args.port, log_level=args.log_level))
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gateway", description="A unified OpenAI-compatible LLM gateway.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("serve", help="run the gateway")
+    s.add_argument("--config", default=DEFAULT_CONFIG)
+    s.add_argument("--host", default=None)
+    s.add_argument("--port", type=int, default=None)
+    s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    s.set_defaults(func=cmd_serve)
+
+    c = sub.add_parser("check", help="validate a config file")
+    c.add_argument("file", nargs="?", default=DEFAULT_CONFIG)
+    c.set_defaults(func=cmd_check)
+
+    pl = sub.add_parser("plan", help="print each backend's launch command with the cap pushed down")
+    pl.add_argument("--config", default=DEFAULT_CONFIG)
+    pl.add_argument("--model-config", default=None, help="a Hugging Face config.json, to size the KV cache")
+    pl.add_argument("--parallel", type=int, default=4, help="concurrent sequences per backend")
+    pl.set_defaults(func=cmd_plan)
+
+    k = sub.add_parser("kv", help="KV-cache memory a context cap implies")
+    kv.add_arguments(k)
+    k.set_defaults(func=kv.run)
+
+    e = sub.add_parser("explain", help="show how a request body would be routed, without sending it")
+    e.add_argument("body", help="a JSON request body file, or - for stdin")
+    e.add_argument("--config", default=DEFAULT_CONFIG)
+    e.add_argument("--kind", default="chat", choices=["chat", "completions", "embeddings"])
+    e.add_argument("--platform", default=None, choices=["mac", "no_nvidia_gpu", "nvidia_gpu"])
+    e.set_defaults(func=cmd_explain)
+
+    sm = sub.add_parser("sim", help="run a simulated engine (a simulator, not a real engine)")
+    sm.add_argument("--flavour", default="vllm", choices=["vllm", "sglang", "llamacpp"])
+    sm.add_argument("--host", default="127.0.0.1")
+    sm.add_argument("--port", type=int, default=8000)
+    sm.add_argument("--model", default="tiny")
+    sm.add_argument("--preset", default="demo", choices=["demo", "fast", "seed"])
+    sm.add_argument("--context-limit", type=int, default=None)
+    sm.add_argument("--fault", default="", help="default fault spec, as in the x-sim-fault header")
+    sm.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    sm.set_defaults(func=cmd_sim)
+
+    d = sub.add_parser("demo", help="the gateway in front of three simulated engines")
+    d.add_argument("--host", default="127.0.0.1")
+    d.add_argument("--port", type=int, default=4000)
+    d.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    d.set_defaults(func=cmd_demo)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    code: int = args.func(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

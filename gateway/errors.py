@@ -1,0 +1,147 @@
+"""The errors the gateway raises, and the one OpenAI-shaped body they all render to.
+
+    GatewayError                        -> {"error": {"message", "type", "param", "code"}}
+     ├─ InvalidRequest          400       bad JSON, wrong types, invalid max_tokens, limits
+     │   └─ ContextLengthExceeded 400     prompt (+ output) over the route's cap
+     ├─ Unauthorized            401
+     ├─ NotFound                404       unknown model, unknown path
+     ├─ MethodNotAllowed        405
+     ├─ PayloadTooLarge         413
+     ├─ UnsupportedMediaType    415
+     ├─ Overloaded              429/503   no capacity; carries Retry-After
+     ├─ NoHealthyBackend        503       carries Retry-After
+     ├─ UpstreamError           502       connect failure, bad upstream response
+     ├─ UpstreamTimeout         504       no first byte in time
+     └─ EngineError             any       an engine's own error, normalised by its adapter
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, ClassVar
+
+
+class GatewayError(Exception):
+    status: ClassVar[int] = 500
+    type: ClassVar[str] = "gateway_error"
+    default_code: ClassVar[str | None] = None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str | None = None,
+        param: str | None = None,
+        retry_after: float | None = None,
+        status: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code if code is not None else self.default_code
+        self.param = param
+        self.retry_after = retry_after
+        self._status = status
+
+    @property
+    def status_code(self) -> int:
+        return self._status or self.status
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def body_bytes(self) -> bytes:
+        return json.dumps(self.body(), separators=(",", ":")).encode()
+
+    def headers(self) -> dict[str, str]:
+        headers = {"x-gateway-error": "1"}
+        if self.retry_after is not None:
+            headers["retry-after"] = str(max(1, round(self.retry_after)))
+        return headers
+
+
+class InvalidRequest(GatewayError):
+    status = 400
+    type = "invalid_request_error"
+
+
+class ContextLengthExceeded(InvalidRequest):
+    default_code = "context_length_exceeded"
+
+
+class Unauthorized(GatewayError):
+    status = 401
+    type = "authentication_error"
+    default_code = "invalid_api_key"
+
+
+class NotFound(GatewayError):
+    status = 404
+    type = "invalid_request_error"
+    default_code = "not_found"
+
+
+class ModelNotFound(NotFound):
+    default_code = "model_not_found"
+
+
+class MethodNotAllowed(GatewayError):
+    status = 405
+    type = "invalid_request_error"
+    default_code = "method_not_allowed"
+
+
+class PayloadTooLarge(GatewayError):
+    status = 413
+    type = "invalid_request_error"
+    default_code = "request_too_large"
+
+
+class UnsupportedMediaType(GatewayError):
+    status = 415
+    type = "invalid_request_error"
+    default_code = "unsupported_media_type"
+
+
+class Overloaded(GatewayError):
+    status = 429
+    type = "rate_limit_error"
+    default_code = "overloaded"
+
+
+class NoHealthyBackend(GatewayError):
+    status = 503
+    type = "service_unavailable"
+    default_code = "no_healthy_backend"
+
+
+class UpstreamError(GatewayError):
+    status = 502
+    type = "upstream_error"
+    default_code = "bad_gateway"
+
+
+class UpstreamTimeout(GatewayError):
+    status = 504
+    type = "upstream_error"
+    default_code = "upstream_timeout"
+
+
+class EngineError(GatewayError):
+    """An engine's own error response, already normalised by its adapter."""
+
+    type = "invalid_request_error"
+
+    def __init__(
+        self, message: str, *, status: int, type_: str, code: str | None, param: str | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message, code=code, param=param, status=status, retry_after=retry_after)
+        self._type = type_
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self._type, "param": self.param, "code": self.code}}
+
+    def headers(self) -> dict[str, str]:
+        headers = super().headers()
+        headers["x-gateway-error"] = "engine"
+        return headers

@@ -1,0 +1,207 @@
+"""The ASGI endpoint for /v1/chat/completions, /v1/completions and /v1/embeddings: read and parse
+the body, route, cap, balance, hand over to the proxy, and always finish the Exchange.
+
+It is a raw ASGI app, not a Starlette endpoint, so that it can watch for the client leaving at
+every stage and cancel the upstream work at once."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import os
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from gateway.enforcer import CapEnforcer
+from gateway.config import GatewayConfig
+from gateway.errors import (
+    GatewayError, InvalidRequest, ModelNotFound, NoHealthyBackend,
+    Overloaded, PayloadTooLarge, Unauthorized, UpstreamTimeout,
+)
+from gateway.exchange import Exchange
+from gateway.inbound import Kind, parse_request
+from gateway.metrics import GatewayMetrics
+from gateway.proxy import Proxy
+from gateway.registry import Registry
+from gateway.router import Router
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+# Never forwarded: hop-by-hop headers (RFC 9110 7.6.1), the client's credentials, and headers the
+# gateway sets itself. The backend's own key is added by the proxy.
+_DROP = frozenset({
+    "connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade",
+    "host", "content-length", "expect", "authorization", "proxy-authorization", "cookie", "x-api-key",
+    "api-key", "accept-encoding", "forwarded", "x-forwarded-for", "x-forwarded-host", "x-forwarded-proto",
+})
+
+
+class CompletionEndpoint:
+    def __init__(self, kind: Kind, config: GatewayConfig, registry: Registry, router: Router,
+                 caps: CapEnforcer, proxy: Proxy, metrics: GatewayMetrics) -> None:
+        self.kind = kind
+        self._config = config
+        self._registry = registry
+        self._router = router
+        self._caps = caps
+        self._proxy = proxy
+        self._metrics = metrics
+        self._keys = [k.get_secret_value().encode() for k in config.server.api_keys]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = _headers(scope)
+        ex = Exchange(request_id=_request_id(headers.get("x-request-id")), kind=self.kind,
+                      metrics=self._metrics)
+        task = asyncio.current_task()
+        assert task is not None
+        watcher: asyncio.Task[None] | None = None
+        try:
+            if self._keys:
+                self._authenticate(headers)
+            raw = await _read_body(receive, headers, self._config.limits.max_body_bytes)
+            if raw is None:
+                ex.disconnect_stage = "before_backend"
+                return
+            limits = self._config.limits
+            inbound = parse_request(self.kind, raw, max_depth=limits.max_json_depth, max_n=limits.max_n,
+                                    max_messages=limits.max_messages)
+            route = self._config.route_for(inbound.model)
+            if route is None:
+                raise ModelNotFound(f"The model '{_clip(inbound.model)}' does not exist on this gateway.",
+                                    param="model")
+            ex.route, ex.inbound, ex.upstream_model = route.label, inbound, route.upstream_model
+            watcher = asyncio.create_task(_watch_disconnect(receive, task, ex))
+            plan = self._router.plan(route, inbound, headers)
+            ex.pool, ex.rule = plan.pool, plan.rule
+            if not plan.backends:
+                raise NoHealthyBackend(f"No healthy backend can serve route '{route.label}'.", retry_after=5)
+            await self._caps.apply(ex, route, plan.backends[0])
+            if inbound.stream and not inbound.include_usage and inbound.kind != "embeddings":
+                # Ask for the usage chunk so token counts are exact; the relay strips it again.
+                inbound.body["stream_options"] = {**(inbound.body.get("stream_options") or {}),
+                                                  "include_usage": True}
+                inbound.modified = ex.injected_usage = True
+            await self._proxy.forward(ex, send, raw, _upstream_headers(headers, ex.request_id),
+                                      plan.backends)
+        except GatewayError as err:
+            if ex.outcome is None:
+                ex.outcome = _outcome_for(err)
+            if not ex.response_started:
+                ex.status = err.status_code
+                await _send_error(send, err, ex)
+        except asyncio.CancelledError:
+            if ex.disconnect_stage is None:
+                raise
+            task.uncancel()
+            ex.outcome = "client_closed"
+        finally:
+            ex.finished = True
+            if watcher is not None:
+                watcher.cancel()
+            ex.finish()
+            usage = ex.reported_usage()
+            if usage is not None and ex.outcome == "success":
+                self._caps.learn(ex, usage.get("prompt_tokens") if isinstance(usage.get("prompt_tokens"), int)
+                                 else None)
+
+    def _authenticate(self, headers: dict[str, str]) -> None:
+        supplied = headers.get("authorization", "")
+        token = supplied[7:].strip().encode() if supplied[:7].lower() == "bearer " else b""
+        # Compare against every key so the time taken does not say which one nearly matched.
+        ok = False
+        for key in self._keys:
+            ok |= hmac.compare_digest(token, key)
+        if not ok:
+            raise Unauthorized("Missing or invalid API key.")
+
+
+async def _watch_disconnect(receive: Receive, task: asyncio.Task[Any], ex: Exchange) -> None:
+    """Runs beside the request; when the client goes, cancel the request's task so that the
+    upstream connection is closed and the engine stops work."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+    if ex.finished:
+        return
+    if ex.sent_at is None:
+        ex.disconnect_stage = "before_backend"
+    elif ex.response_started:
+        ex.disconnect_stage = "mid_stream"
+    elif ex.inbound is not None and ex.inbound.stream:
+        ex.disconnect_stage = "waiting_first_byte"
+    else:
+        ex.disconnect_stage = "non_stream"
+    task.cancel()
+
+
+async def _read_body(receive: Receive, headers: dict[str, str], limit: int) -> bytes | None:
+    declared = headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise InvalidRequest("Content-Length is not a number.", code="invalid_header")
+        if int(declared) > limit:
+            raise PayloadTooLarge(f"The request body is larger than the {limit}-byte limit.")
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunk = message.get("body", b"")
+        if chunk:
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(f"The request body is larger than the {limit}-byte limit.")
+            parts.append(chunk)
+        if not message.get("more_body", False):
+            return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def _headers(scope: Scope) -> dict[str, str]:
+    return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+
+
+def _upstream_headers(headers: dict[str, str], request_id: str) -> dict[str, str]:
+    named = headers.get("connection", "")
+    drop = _DROP | {t.strip().lower() for t in named.split(",")} if named else _DROP
+    out = {k: v for k, v in headers.items() if k not in drop and not k.startswith("x-gateway-")}
+    out["content-type"] = "application/json"
+    out["accept-encoding"] = "identity"
+    out["x-request-id"] = request_id
+    return out
+
+
+def _request_id(supplied: str | None) -> str:
+    if supplied and len(supplied) <= 128 and supplied.isascii() and supplied.isprintable():
+        return supplied
+    return os.urandom(12).hex()
+
+
+def _clip(text: str, limit: int = 64) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _outcome_for(err: GatewayError) -> str:
+    if isinstance(err, Overloaded | NoHealthyBackend):
+        return "overloaded"
+    if isinstance(err, UpstreamTimeout):
+        return "timeout_ttfb"
+    if err.status_code == 429:
+        return "overloaded"
+    if err.status_code < 500:
+        return "rejected_4xx"
+    return "upstream_error_before_first_byte"
+
+
+async def _send_error(send: Send, err: GatewayError, ex: Exchange) -> None:
+    body = err.body_bytes()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers += [(k.encode(), v.encode()) for k, v in err.headers().items()]
+    headers += ex.response_headers()
+    if isinstance(err, PayloadTooLarge):
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": err.status_code, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})

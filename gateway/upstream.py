@@ -1,0 +1,129 @@
+"""The upstream HTTP client: one shared aiohttp session, per-phase timeouts, and the one place
+where aiohttp's exceptions become the gateway's own (as httpx maps httpcore's).
+
+aiohttp, not httpx: on this project's benchmark a Starlette + httpx proxy cost 2.8 ms CPU per
+request against 0.23 ms for aiohttp's client, and 181 vs 47 µs CPU per streamed token."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+
+from gateway.config import TimeoutsConfig
+from gateway.errors import GatewayError, UpstreamError, UpstreamTimeout
+
+
+class UpstreamConnectError(UpstreamError):
+    """Nothing reached the backend, so another backend may safely be tried."""
+
+    default_code = "upstream_connect_error"
+
+
+class UpstreamDisconnected(UpstreamError):
+    """The backend went away after the request was sent."""
+
+    default_code = "upstream_disconnected"
+
+
+def error_kind(exc: GatewayError) -> str:
+    """The `kind` label of gateway_upstream_errors_total for a translated error."""
+    if isinstance(exc, UpstreamConnectError):
+        return "connect"
+    if isinstance(exc, UpstreamTimeout):
+        return "timeout_ttfb"
+    return "bad_response"
+
+
+def translate(exc: BaseException, what: str) -> GatewayError:
+    """aiohttp / OS errors -> GatewayError. Messages name the backend, never its URL."""
+    if isinstance(exc, aiohttp.ClientConnectorError | aiohttp.ClientSSLError | ConnectionRefusedError
+                  | socket.gaierror | aiohttp.ConnectionTimeoutError):
+        return UpstreamConnectError(f"Could not connect to backend {what}.")
+    if isinstance(exc, TimeoutError | asyncio.TimeoutError | aiohttp.ServerTimeoutError):
+        return UpstreamTimeout(f"Backend {what} did not respond in time.")
+    if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError
+                  | aiohttp.ClientOSError | ConnectionResetError):
+        return UpstreamDisconnected(f"Backend {what} closed the connection.")
+    return UpstreamError(f"Backend {what} failed: {type(exc).__name__}.")
+
+
+class UpstreamClient:
+    """Owns the aiohttp session for the app's lifetime (created and closed in lifespan)."""
+
+    def __init__(self, timeouts: TimeoutsConfig, pool_size: int = 0) -> None:
+        self._timeouts = timeouts
+        self._pool_size = pool_size
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise RuntimeError("UpstreamClient.start() was not called (it runs in the app's lifespan)")
+        return self._session
+
+    async def start(self) -> None:
+        """Create the session; it must be made inside the running event loop."""
+        timeouts = self._timeouts
+        pool_size = self._pool_size
+        # No cookie jar: a shared client must not carry one client's cookies to another's request.
+        connector = aiohttp.TCPConnector(limit=pool_size, limit_per_host=0, ttl_dns_cache=10,
+                                         enable_cleanup_closed=False, force_close=False)
+        self._session = aiohttp.ClientSession(
+            connector=connector, cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=False,
+            timeout=aiohttp.ClientTimeout(total=None, connect=timeouts.connect_s,
+                                          sock_connect=timeouts.connect_s, sock_read=None),
+            skip_auto_headers=("User-Agent", "Accept-Encoding"),
+        )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def post(self, url: str, body: bytes, headers: Mapping[str, str], what: str,
+                   first_byte_s: float | None = None) -> aiohttp.ClientResponse:
+        """Send and wait for the response headers, at most first_byte_s."""
+        limit = self._timeouts.first_byte_s if first_byte_s is None else first_byte_s
+        try:
+            async with asyncio.timeout(limit):
+                return await self.session.post(url, data=body, headers=headers, allow_redirects=False)
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            raise translate(exc, what) from None
+
+    async def get_json(self, url: str, headers: Mapping[str, str], timeout_s: float,
+                       what: str) -> tuple[int, Any]:
+        status, raw = await self.get(url, headers, timeout_s, what)
+        try:
+            return status, json.loads(raw)
+        except ValueError:
+            return status, None
+
+    async def get(self, url: str, headers: Mapping[str, str], timeout_s: float,
+                  what: str, max_bytes: int = 4 << 20) -> tuple[int, bytes]:
+        try:
+            async with asyncio.timeout(timeout_s), self.session.get(
+                url, headers=headers, allow_redirects=False
+            ) as resp:
+                raw = await resp.content.read(max_bytes)
+                return resp.status, raw
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            raise translate(exc, what) from None
+
+    async def post_json(self, url: str, payload: Any, headers: Mapping[str, str], timeout_s: float,
+                        what: str) -> tuple[int, Any]:
+        try:
+            async with asyncio.timeout(timeout_s), self.session.post(
+                url, json=payload, headers=headers, allow_redirects=False
+            ) as resp:
+                raw = await resp.content.read(4 << 20)
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            raise translate(exc, what) from None
+        try:
+            return resp.status, json.loads(raw)
+        except ValueError:
+            return resp.status, None
