@@ -1,0 +1,98 @@
+"""Bad input gets a 400 with the field named, never an exception escaping as a 500."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gateway.errors import InvalidRequest
+from gateway.inbound import parse_request
+
+pytestmark = pytest.mark.unit
+
+
+def parse(body: object, kind: str = "chat", raw: bytes | None = None):  # type: ignore[no-untyped-def]
+    data = raw if raw is not None else json.dumps(body).encode()
+    return parse_request(kind, data, max_depth=64, max_n=8, max_messages=100)  # type: ignore[arg-type]
+
+
+OK = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def test_valid_chat() -> None:
+    req = parse({**OK, "stream": True, "max_tokens": 5, "stream_options": {"include_usage": True}})
+    assert (req.model, req.stream, req.max_tokens, req.include_usage, req.modified) == ("m", True, 5, True, False)
+
+
+@pytest.mark.parametrize(
+    ("raw", "code"),
+    [
+        (b"", "invalid_json"),
+        (b"{not json", "invalid_json"),
+        (b"[]", "invalid_json"),
+        (b'"x"', "invalid_json"),
+        (b"null", "invalid_json"),
+        (b"\xff\xfe", "invalid_json"),
+        (b'{"model":"m","messages":[{"role":"user","content":"\\ud800"}]}', "invalid_json"),
+        (b'{"model":"m","x":NaN}', "invalid_json"),
+        (b'{"model":"m","x":' + b"[" * 10_000 + b"]" * 10_000 + b"}", "json_too_deep"),
+        (b'{"model":"m","x":' + b"[" * 100 + b"]" * 100 + b"}", "json_too_deep"),
+        (b"[" * 1_000_000, "json_too_deep"),
+    ],
+)
+def test_bad_bodies(raw: bytes, code: str) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        parse(None, raw=raw)
+    assert info.value.code == code
+    assert info.value.status_code == 400
+
+
+@pytest.mark.parametrize(
+    ("patch", "param"),
+    [
+        ({"messages": "hi"}, "messages"),
+        ({"messages": []}, "messages"),
+        ({"messages": [1]}, "messages[0]"),
+        ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+        ({"stream": "yes"}, "stream"),
+        ({"temperature": "hot"}, "temperature"),
+        ({"max_tokens": 1.5}, "max_tokens"),
+        ({"max_tokens": -1}, "max_tokens"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": 2**63}, "max_tokens"),
+        ({"max_tokens": True}, "max_tokens"),
+        ({"n": 9}, "n"),
+        ({"best_of": 100}, "best_of"),
+        ({"model": 5}, "model"),
+        ({"model": "x" * 10_000}, "model"),
+        ({"model": "a\nb"}, "model"),
+        ({"messages": [{"role": "user", "content": ""}] * 101}, "messages"),
+        ({"tools": {}}, "tools"),
+    ],
+)
+def test_wrong_types_name_the_field(patch: dict[str, object], param: str) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        parse({**OK, **patch})
+    assert info.value.param == param
+
+
+def test_huge_float_max_tokens_is_rejected() -> None:
+    with pytest.raises(InvalidRequest):
+        parse(None, raw=b'{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":1e309}')
+
+
+def test_steering_fields_are_dropped() -> None:
+    req = parse({**OK, "api_base": "http://evil", "base_url": "http://evil", "api_key": "k"})
+    assert "api_base" not in req.body and "base_url" not in req.body and "api_key" not in req.body
+    assert req.modified
+
+
+def test_completions_and_embeddings() -> None:
+    assert parse({"model": "m", "prompt": "hi"}, kind="completions").kind == "completions"
+    with pytest.raises(InvalidRequest):
+        parse({"model": "m", "prompt": 5}, kind="completions")
+    with pytest.raises(InvalidRequest):
+        parse({"model": "m"}, kind="embeddings")
+    with pytest.raises(InvalidRequest):
+        parse({"model": "m", "input": "x", "stream": True}, kind="embeddings")

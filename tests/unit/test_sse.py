@@ -1,0 +1,82 @@
+"""The stream observer: exact accounting at any split, and byte-identical relay."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gateway.sse import StreamObserver
+
+pytestmark = pytest.mark.unit
+
+
+def event(obj: object) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+def chunk(text: str) -> bytes:
+    return event({"id": "c", "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]})
+
+
+ROLE = event({"id": "c", "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
+USAGE = event({"id": "c", "choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}})
+DONE = b"data: [DONE]\n\n"
+STREAM = ROLE + chunk("hé") + chunk("llo") + chunk(" wörld") + USAGE + DONE
+
+
+def feed_split(observer: StreamObserver, data: bytes, size: int) -> bytes:
+    out = b""
+    for i in range(0, len(data), size):
+        out += observer.feed(data[i:i + size], float(i))
+    return out + observer.flush()
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7, 64, 10_000])
+def test_pass_through_is_byte_identical_at_any_split(size: int) -> None:
+    obs = StreamObserver(strip_usage=False)
+    assert feed_split(obs, STREAM, size) == STREAM
+    assert obs.done and obs.content_events == 3
+    assert obs.usage == {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
+    assert obs.first_token_at is not None and len(obs.gaps) == 2
+
+
+@pytest.mark.parametrize("size", [1, 5, 10_000])
+def test_strip_mode_drops_only_the_injected_usage_event(size: int) -> None:
+    obs = StreamObserver(strip_usage=True)
+    out = feed_split(obs, STREAM, size)
+    assert out == ROLE + chunk("hé") + chunk("llo") + chunk(" wörld") + DONE
+    assert obs.usage is not None and obs.usage["completion_tokens"] == 3
+
+
+def test_role_only_chunk_is_not_the_first_token() -> None:
+    obs = StreamObserver(strip_usage=False)
+    obs.feed(ROLE, 1.0)
+    assert obs.first_token_at is None
+    obs.feed(chunk("a"), 2.0)
+    assert obs.first_token_at == 2.0
+
+
+def test_completions_text_and_crlf() -> None:
+    obs = StreamObserver(strip_usage=False)
+    data = event({"choices": [{"text": "x", "index": 0}]}).replace(b"\n\n", b"\r\n\r\n") + b"data: [DONE]\r\n\r\n"
+    assert obs.feed(data, 1.0) == data
+    assert obs.content_events == 1 and obs.done
+
+
+def test_first_event_error_is_seen() -> None:
+    obs = StreamObserver(strip_usage=False)
+    obs.feed(event({"error": {"message": "boom", "code": 400}}), 1.0)
+    assert obs.error == {"error": {"message": "boom", "code": 400}}
+
+
+def test_stream_without_done_is_not_done() -> None:
+    obs = StreamObserver(strip_usage=False)
+    obs.feed(ROLE + chunk("a"), 1.0)
+    assert not obs.done
+
+
+def test_pings_are_not_events() -> None:
+    obs = StreamObserver(strip_usage=False)
+    obs.feed(b": ping\n\n" + chunk("a"), 1.0)
+    assert obs.events == 1
