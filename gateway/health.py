@@ -40,7 +40,7 @@ class HealthChecker:
             self._registry.set_health(backend, ok)
             self._metrics.backend_up.labels(backend.pool, backend.name, backend.engine).set(1 if ok else 0)
             if was != ok:
-                log.warning("backend %s (%s) is now %s", backend.name, backend.pool,
+                log.log(logging.INFO if ok else logging.WARNING,"backend %s (%s) is now %s", backend.name, backend.pool,
                             "healthy" if ok else "unhealthy")
 
     async def run(self) -> None:

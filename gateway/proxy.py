@@ -136,7 +136,8 @@ class Proxy:
         ex.status = 200
         ctype = resp.headers.get("content-type", "application/json").encode("latin-1")
         await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", ctype), *ex.response_headers()]})
+                    "headers": [(b"content-type", ctype), (b"content-length", str(len(raw)).encode()),
+                                *ex.response_headers()]})
         ex.response_started = True
         await send({"type": "http.response.body", "body": raw, "more_body": False})
         ex.outcome = "success"

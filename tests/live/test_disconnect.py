@@ -1,0 +1,97 @@
+"""A client that leaves at any stage stops the engine's work for it (RELIABILITY 23-27)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+
+from tests.live.conftest import Stack, StackFactory, chat, raw_request
+
+pytestmark = pytest.mark.live
+
+
+async def leave_after(stack: Stack, body: dict[str, object], read_bytes: int, fault: str) -> None:
+    reader, writer = await raw_request(stack.base_url, "/v1/chat/completions", json.dumps(body).encode(),
+                                       {"x-sim-fault": fault})
+    got = b""
+    while len(got) < read_bytes:
+        chunk = await reader.read(read_bytes - len(got))
+        assert chunk, "the gateway closed first"
+        got += chunk
+    writer.close()
+    await writer.wait_closed()
+
+
+async def wait_aborted(stack: Stack) -> None:
+    sim = stack.sims["vllm-0"]
+    await sim.wait_until(lambda s: s.aborted == 1 and s.active == 0, timeout=1.0)
+
+
+async def test_leave_mid_stream(make_stack: StackFactory) -> None:
+    stack = await make_stack()
+    await leave_after(stack, chat(stream=True, max_tokens=500), 600, "chunk_delay=0.02")
+    await wait_aborted(stack)
+    await stack.wait_metric("gateway_client_disconnects_total", 1, stage="mid_stream")
+    assert stack.total("gateway_requests_total", outcome="client_closed") == 1
+    assert stack.total("gateway_disconnect_wasted_tokens_total") > 0
+
+
+async def test_leave_while_waiting_for_first_byte(make_stack: StackFactory) -> None:
+    stack = await make_stack()
+    task = asyncio.create_task(leave_after(stack, chat(stream=True), 0, "headers_delay=5"))
+    sim = stack.sims["vllm-0"]
+    await sim.wait_until(lambda s: s.active == 1, timeout=2)
+    await task
+    await wait_aborted(stack)
+    await stack.wait_metric("gateway_client_disconnects_total", 1, stage="waiting_first_byte")
+    assert stack.total("gateway_time_to_first_token_seconds_count") == 0  # no TTFT sample for a no-show
+
+
+async def test_leave_during_non_stream_generation(make_stack: StackFactory) -> None:
+    stack = await make_stack()
+    task = asyncio.create_task(leave_after(stack, chat(max_tokens=2000), 0, "chunk_delay=0.01"))
+    sim = stack.sims["vllm-0"]
+    await sim.wait_until(lambda s: s.active == 1, timeout=2)
+    await task
+    await wait_aborted(stack)
+    await stack.wait_metric("gateway_client_disconnects_total", 1, stage="non_stream")
+
+
+async def test_leave_before_the_body_is_sent(make_stack: StackFactory) -> None:
+    stack = await make_stack()
+    host, port = stack.base_url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n\r\n{\"model\":")
+    await writer.drain()
+    writer.close()
+    await writer.wait_closed()
+    await stack.wait_metric("gateway_client_disconnects_total", 1, stage="before_backend")
+    assert stack.sims["vllm-0"].stats.seen == 0
+
+
+async def test_many_random_disconnects_leave_nothing_behind(make_stack: StackFactory) -> None:
+    """RELIABILITY 29 in small: every engine-seen abort is a gateway client_closed, and a burst
+    afterwards still succeeds (no leaked connection slots)."""
+    stack = await make_stack()
+
+    async def one(i: int) -> None:
+        stream = i % 2 == 0
+        await leave_after(stack, chat(stream=stream, max_tokens=300), (i * 37) % 400 if stream else 0,
+                          "chunk_delay=0.005")
+
+    await asyncio.gather(*(one(i) for i in range(40)))
+    sim = stack.sims["vllm-0"]
+    await sim.wait_until(lambda s: s.active == 0, timeout=3)
+    await stack.wait_metric("gateway_requests_total", 40)
+    closed = stack.total("gateway_requests_total", outcome="client_closed")
+    never_sent = stack.total("gateway_client_disconnects_total", stage="before_backend")
+    assert closed == 40
+    assert sim.stats.seen == 40 - never_sent
+    assert sim.stats.aborted == closed - never_sent
+    async with httpx.AsyncClient() as client:
+        replies = await asyncio.gather(*(client.post(stack.base_url + "/v1/chat/completions",
+                                                     json=chat(max_tokens=2)) for _ in range(30)))
+    assert all(r.status_code == 200 for r in replies)

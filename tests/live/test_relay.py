@@ -1,0 +1,124 @@
+"""Streaming and non-streaming relay through a real uvicorn server, with the official openai
+client and with raw HTTP, against simulated engines."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+
+from tests.live.conftest import StackFactory, chat, content_of, sim_params, sse_events
+
+pytestmark = pytest.mark.live
+
+
+async def test_openai_client_chat_completions_embeddings_models(make_stack: StackFactory) -> None:
+    stack = await make_stack()
+    client = openai.AsyncOpenAI(base_url=stack.base_url + "/v1", api_key="client-key", max_retries=0)
+    reply = await client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                                 max_tokens=5)
+    assert reply.choices[0].finish_reason == "length"
+    assert reply.usage is not None and reply.usage.completion_tokens == 5
+    stream = await client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                                  max_tokens=7, stream=True,
+                                                  stream_options={"include_usage": True})
+    chunks = [c async for c in stream]
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 7
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text.strip()
+    comp = await client.completions.create(model="tiny", prompt="once upon", max_tokens=3)
+    assert comp.usage is not None and comp.usage.completion_tokens == 3
+    emb = await client.embeddings.create(model="tiny", input="hello")
+    assert len(emb.data[0].embedding) > 0
+    models = await client.models.list()
+    assert [m.id for m in models.data] == ["tiny"]
+    await client.close()
+    assert stack.total("gateway_requests_total", outcome="success") == 4
+    assert stack.total("gateway_output_tokens_total", source="usage") == 15
+
+
+async def test_stream_bytes_are_relayed_unchanged(make_stack: StackFactory) -> None:
+    """With include_usage asked by the client, the gateway is a pure byte pipe: the same events,
+    split one byte per write upstream (inside UTF-8 characters too), arrive intact."""
+    stack = await make_stack()
+    body = chat(stream=True, max_tokens=20, stream_options={"include_usage": True})
+    async with httpx.AsyncClient() as client:
+        direct = await client.post(stack.sims["vllm-0"].base_url + "/v1/chat/completions", json=body,
+                                   headers={"x-sim-fault": "split=1"})
+        via = await client.post(stack.base_url + "/v1/chat/completions", json=body,
+                                headers={"x-sim-fault": "split=1"})
+    assert via.status_code == 200
+    assert via.headers["content-type"].startswith("text/event-stream")
+    assert via.headers["cache-control"] == "no-cache" and via.headers["x-accel-buffering"] == "no"
+    d, v = sse_events(direct.content), sse_events(via.content)
+    assert len(d) == len(v) and v[-1] == "[DONE]"
+    assert content_of(d) == content_of(v) and "é" in content_of(v)
+    strip = [json.loads(e) | {"id": "", "created": 0} for e in v[:-1]]
+    orig = [json.loads(e) | {"id": "", "created": 0} for e in d[:-1]]
+    assert strip == orig
+
+
+async def test_injected_usage_is_counted_and_stripped(make_stack: StackFactory) -> None:
+    stack = await make_stack()
+    async with httpx.AsyncClient() as client:
+        r = await client.post(stack.base_url + "/v1/chat/completions", json=chat(stream=True, max_tokens=6))
+    events = sse_events(r.content)
+    assert events[-1] == "[DONE]"
+    assert not any('"choices":[]' in e for e in events)  # the usage chunk the gateway added is gone
+    upstream = stack.sims["vllm-0"].stats.recent[-1].body
+    assert upstream["stream_options"] == {"include_usage": True}
+    assert stack.total("gateway_output_tokens_total", source="usage") == 6
+    assert stack.total("gateway_time_to_first_token_seconds_count") == 1
+    assert stack.total("gateway_inter_token_latency_seconds_count") == 5
+
+
+async def test_response_says_where_it_went(make_stack: StackFactory) -> None:
+    stack = await make_stack()
+    async with httpx.AsyncClient() as client:
+        r = await client.post(stack.base_url + "/v1/chat/completions", json=chat(max_tokens=2),
+                              headers={"x-request-id": "my-id-1"})
+    assert r.headers["x-gateway-pool"] == "vllm"
+    assert r.headers["x-gateway-backend"] == "vllm-0"
+    assert r.headers["x-gateway-rule"] == "default"
+    assert r.headers["x-request-id"] == "my-id-1"
+    assert stack.sims["vllm-0"].stats.recent[-1].headers["x-request-id"] == "my-id-1"
+
+
+async def test_credentials_and_hop_by_hop_headers_never_reach_the_backend(make_stack: StackFactory) -> None:
+    stack = await make_stack(pools={"vllm": [sim_params()]})
+    async with httpx.AsyncClient() as client:
+        r = await client.post(
+            stack.base_url + "/v1/chat/completions", json=chat(max_tokens=1, api_base="http://evil.example"),
+            headers={"authorization": "Bearer client-secret", "cookie": "c=1", "x-api-key": "k2",
+                     "proxy-authorization": "p", "connection": "x-foo", "x-foo": "bar", "x-keep": "yes"})
+    assert r.status_code == 200
+    seen = stack.sims["vllm-0"].stats.recent[-1]
+    headers = seen.headers
+    for name in ("authorization", "cookie", "x-api-key", "proxy-authorization", "x-foo"):
+        assert name not in headers, name
+    assert headers["x-keep"] == "yes"
+    assert "api_base" not in seen.body
+
+
+async def test_backend_key_is_sent(make_stack: StackFactory) -> None:
+    stack = await make_stack()
+    # Rebuild with a key: the key lives in config, so use the factory's pool extras.
+    sim = stack.sims["vllm-0"]
+    keyed = await make_stack(pools={"vllm": [sim_params()]})
+    keyed.gateway.registry.by_name["vllm-0"].api_key = "backend-secret"
+    async with httpx.AsyncClient() as client:
+        r = await client.post(keyed.base_url + "/v1/chat/completions", json=chat(max_tokens=1),
+                              headers={"authorization": "Bearer client-secret"})
+    assert r.status_code == 200
+    assert keyed.sims["vllm-0"].stats.recent[-1].headers["authorization"] == "Bearer backend-secret"
+    assert sim.stats.seen == 0
+
+
+async def test_upstream_model_name_is_rewritten(make_stack: StackFactory) -> None:
+    stack = await make_stack(routes=[{"model": "public-name", "pools": ["vllm"]}])
+    async with httpx.AsyncClient() as client:
+        r = await client.post(stack.base_url + "/v1/chat/completions", json=chat(model="public-name", max_tokens=1))
+    assert r.status_code == 200
+    assert stack.sims["vllm-0"].stats.recent[-1].body["model"] == "tiny"
