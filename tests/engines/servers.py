@@ -24,7 +24,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -95,6 +95,45 @@ def _http_status(url: str, timeout: float) -> int | None:
         return None
 
 
+class PortInUseError(RuntimeError):
+    """The server could not bind its port (another process holds it)."""
+
+
+def _listening_inodes(port: int) -> set[str]:
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(fields[9])
+    return inodes
+
+
+def _group_listens_on(pgid: int, port: int) -> bool | None:
+    """Whether a process in group ``pgid`` holds the listening socket on ``port``; None if /proc can't
+    tell (not Linux). Guards against a foreign server on the same port answering our /health."""
+    inodes = _listening_inodes(port)
+    if not inodes:
+        return None
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(proc.name)) != pgid:
+                continue
+            for fd in (proc / "fd").iterdir():
+                link = os.readlink(fd)
+                if link.startswith("socket:[") and link[8:-1] in inodes:
+                    return True
+        except OSError:
+            continue
+    return False
+
+
 @dataclass
 class EngineServer:
     """A running engine process. ``base_url`` has no trailing slash and no ``/v1``."""
@@ -148,11 +187,16 @@ class EngineServer:
         delay = 0.02
         while True:
             if not self.alive():
+                log = self.log_tail(400).lower()
+                if "address already in use" in log or "couldn't bind" in log:
+                    raise PortInUseError(f"{self.kind}: port {self.port} is taken")
                 raise RuntimeError(
                     f"{self.kind} exited with code {self.process.returncode} before becoming ready; "
                     f"command: {' '.join(self.command)}\nlog {self.log_path}:\n{self.log_tail()}"
                 )
             if _http_status(self.health_url, timeout=2.0) == 200:
+                if _group_listens_on(self.process.pid, self.port) is False:
+                    raise PortInUseError(f"{self.kind}: another process answers on port {self.port}")
                 self.ready_seconds = time.monotonic() - start
                 return self.ready_seconds
             if time.monotonic() > deadline:
@@ -196,47 +240,57 @@ class EngineServer:
 
 def _launch(
     kind: EngineKind,
-    command: list[str],
+    build_command: Callable[[int], list[str]],
     *,
     env: Mapping[str, str],
     host: str,
-    port: int,
+    port: int | None,
     max_context: int,
     parallel: int,
     log_path: Path | None,
     ready_timeout: float,
 ) -> EngineServer:
-    if log_path is None:
-        log_dir = Path(tempfile.gettempdir()) / "gateway-engines"
-        log_dir.mkdir(parents=True, exist_ok=True)
-        log_path = log_dir / f"{kind}-{port}.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    log_file = log_path.open("wb")
-    process = subprocess.Popen(
-        command,
-        stdin=subprocess.DEVNULL,
-        stdout=log_file,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, **env},
-        start_new_session=True,
-    )
-    server = EngineServer(
-        kind=kind,
-        host=host,
-        port=port,
-        process=process,
-        log_path=log_path,
-        command=command,
-        max_context=max_context,
-        parallel=parallel,
-        _log_file=log_file,
-    )
-    try:
-        server.wait_ready(ready_timeout)
-    except BaseException:
-        server.stop()
-        raise
-    return server
+    """Start the process and wait until ready. A port we picked that turns out to be taken (a race
+    with another process) is retried with a fresh one."""
+    attempts = 1 if port else 3
+    for attempt in range(1, attempts + 1):
+        use_port = port or free_port(host)
+        path = log_path
+        if path is None:
+            path = Path(tempfile.gettempdir()) / "gateway-engines" / f"{kind}-{use_port}.log"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        log_file = path.open("wb")
+        command = build_command(use_port)
+        process = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **env},
+            start_new_session=True,
+        )
+        server = EngineServer(
+            kind=kind,
+            host=host,
+            port=use_port,
+            process=process,
+            log_path=path,
+            command=command,
+            max_context=max_context,
+            parallel=parallel,
+            _log_file=log_file,
+        )
+        try:
+            server.wait_ready(ready_timeout)
+            return server
+        except PortInUseError:
+            server.stop()
+            if attempt == attempts:
+                raise
+        except BaseException:
+            server.stop()
+            raise
+    raise AssertionError("unreachable")
 
 
 def _require(kind: EngineKind) -> dict[str, str]:
@@ -258,18 +312,20 @@ def start_llamacpp(
 ) -> EngineServer:
     """Start llama-server with ``-c ctx_per_slot*parallel --parallel N --metrics -a tiny``."""
     env = _require("llamacpp")
-    port = port or free_port(host)
-    command = [
-        env["LLAMA_SERVER_BIN"],
-        "-m", env["TINY_GGUF"],
-        "--host", host,
-        "--port", str(port),
-        "-c", str(ctx_per_slot * parallel),
-        "--parallel", str(parallel),
-        "--metrics",
-        "-a", MODEL_NAME,
-        *extra_args,
-    ]  # fmt: skip
+
+    def command(port: int) -> list[str]:
+        return [
+            env["LLAMA_SERVER_BIN"],
+            "-m", env["TINY_GGUF"],
+            "--host", host,
+            "--port", str(port),
+            "-c", str(ctx_per_slot * parallel),
+            "--parallel", str(parallel),
+            "--metrics",
+            "-a", MODEL_NAME,
+            *extra_args,
+        ]  # fmt: skip
+
     return _launch(
         "llamacpp",
         command,
@@ -298,21 +354,23 @@ def start_vllm(
     """Start vLLM's OpenAI server on the CPU. ``cpu_omp_threads_bind`` (e.g. "0", "1") pins the
     replica's compute threads so that two replicas can run side by side."""
     env = _require("vllm")
-    port = port or free_port(host)
-    command = [
-        env["VLLM_PYTHON"], "-m", "vllm.entrypoints.openai.api_server",
-        "--model", env["TINY_HF_DIR"],
-        "--served-model-name", MODEL_NAME,
-        "--host", host,
-        "--port", str(port),
-        "--dtype", "bfloat16",
-        "--max-model-len", str(max_model_len),
-        "--kv-cache-memory-bytes", str(kv_cache_memory_bytes),
-        "--max-num-seqs", str(max_num_seqs),
-        "--enforce-eager",
-        "--enable-prompt-tokens-details",
-        *extra_args,
-    ]  # fmt: skip
+
+    def command(port: int) -> list[str]:
+        return [
+            env["VLLM_PYTHON"], "-m", "vllm.entrypoints.openai.api_server",
+            "--model", env["TINY_HF_DIR"],
+            "--served-model-name", MODEL_NAME,
+            "--host", host,
+            "--port", str(port),
+            "--dtype", "bfloat16",
+            "--max-model-len", str(max_model_len),
+            "--kv-cache-memory-bytes", str(kv_cache_memory_bytes),
+            "--max-num-seqs", str(max_num_seqs),
+            "--enforce-eager",
+            "--enable-prompt-tokens-details",
+            *extra_args,
+        ]  # fmt: skip
+
     proc_env = {
         "VLLM_TARGET_DEVICE": "cpu",
         "HF_HUB_OFFLINE": "1",
