@@ -58,16 +58,33 @@ class NormalisedError:
 
 @dataclass(frozen=True, slots=True)
 class TokenizeCall:
-    """One HTTP call to an engine's tokenizer: POST `path` with `json`, count with `count_from`."""
+    """One HTTP call to an engine's tokenizer: POST `path` with `json` and keep the JSON answer."""
 
     path: str
     json: Mapping[str, Any]
 
 
 class EngineAdapter(Protocol):
-    kind: str
-    health_path: str
-    metrics_path: str
+    """Counting tokens may take a dependent second call (llama.cpp renders the chat template, then
+    tokenizes the result), so the caller loops:
+
+        answers = [await post(c) for c in adapter.tokenize_calls(model, messages, prompt)]
+        while (call := adapter.next_tokenize_call(answers)) is not None:
+            answers.append(await post(call))
+        count = adapter.count_tokens(answers)   # None: estimate instead
+    """
+
+    # Read-only, so frozen (immutable) adapter objects satisfy the protocol.
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def health_path(self) -> str: ...
+
+    @property
+    def metrics_path(self) -> str:
+        """Where the engine's Prometheus text lives; "" when it has none (don't scrape)."""
+        ...
 
     def parse_load(self, metrics_text: str, now: float) -> EngineLoad: ...
 
@@ -77,8 +94,12 @@ class EngineAdapter(Protocol):
         """The calls that give an exact prompt token count; empty when the engine can't count."""
         ...
 
+    def next_tokenize_call(self, responses: Sequence[Any]) -> TokenizeCall | None:
+        """A call that needs the JSON answers so far, in order; None when there is nothing more to ask."""
+        ...
+
     def count_tokens(self, responses: Sequence[Any]) -> int | None:
-        """The token count from the JSON answers to tokenize_calls, in order."""
+        """The token count from all the JSON answers (tokenize_calls, then next_tokenize_call), in order."""
         ...
 
     def normalise_error(self, status: int, body: bytes) -> NormalisedError:

@@ -44,6 +44,7 @@ class RequestRecord:
     outcome: str = "active"
     disconnected_at: float | None = None  # monotonic time the client was seen to leave
     finished_at: float | None = None
+    writes: int = 0  # socket writes made for the response (the split fault makes one per piece)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -56,6 +57,7 @@ class RequestRecord:
             "started": self.started,
             "disconnected_at": self.disconnected_at,
             "finished_at": self.finished_at,
+            "writes": self.writes,
         }
 
 
@@ -211,10 +213,9 @@ class SimServer:
             raise
         finally:
             conn.split = 0
-            gone = conn.gone.is_set()
             await conn.unwatch()
             if record is not None:
-                self._finish(record, outcome, gone)
+                self._finish(record, outcome, conn)
         return outcome == "completed" and not conn.close_after
 
     async def _respond(self, conn: HttpConn, req: HttpRequest, fault: Fault) -> None:
@@ -244,11 +245,11 @@ class SimServer:
         self._notify()
         return record
 
-    def _finish(self, record: RequestRecord, outcome: str, gone: bool) -> None:
+    def _finish(self, record: RequestRecord, outcome: str, conn: HttpConn) -> None:
         record.outcome = outcome
         record.finished_at = time.monotonic()
-        if gone:
-            record.disconnected_at = record.finished_at
+        record.disconnected_at = conn.gone_at
+        record.writes = conn.writes
         self.stats.active -= 1
         if outcome in ("completed", "aborted", "killed"):
             setattr(self.stats, outcome, getattr(self.stats, outcome) + 1)

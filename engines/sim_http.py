@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import socket
 import struct
+import time
 from dataclasses import dataclass
 from http import HTTPStatus
 
@@ -69,6 +70,7 @@ class HttpConn:
         self._watcher: asyncio.Task[None] | None = None
         self._wakers: list[asyncio.Event] = []
         self.gone = asyncio.Event()
+        self.gone_at: float | None = None  # time.monotonic() when the client was seen to leave
         self.split = 0  # write in pieces of this many bytes (0: whole writes)
         self.writes = 0  # write calls made, so tests can see that split took effect
         self.close_after = False  # the current request asked for Connection: close
@@ -146,6 +148,8 @@ class HttpConn:
                 return
 
     def _mark_gone(self) -> None:
+        if self.gone_at is None:
+            self.gone_at = time.monotonic()
         self.gone.set()
         for event in self._wakers:
             event.set()

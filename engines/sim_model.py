@@ -180,11 +180,15 @@ class ModelCounters:
     """Monotonic totals, the raw material of each flavour's /metrics."""
 
     prompt_tokens: int = 0
+    prefill_tokens: int = 0  # prompt tokens actually computed (not served from the cache)
     generation_tokens: int = 0
     prefix_queries: int = 0  # prompt tokens looked up in the prefix cache
     prefix_hits: int = 0  # of which were cached (= cached tokens)
     steps: int = 0
     busy_slot_steps: int = 0  # sum of batch sizes over steps (llama.cpp's busy slots per decode)
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    max_seq_tokens: int = 0  # largest prompt + generated seen (llama.cpp's n_tokens_max)
     finished: dict[str, int] = field(default_factory=lambda: {"stop": 0, "length": 0, "abort": 0})
 
 
@@ -255,7 +259,12 @@ class BatchCore:
             prefill += self._admit(seq)
         if not self.running:
             return 0.0
-        return self.params.step_time(len(self.running)) + prefill / self.params.prefill_tokens_per_s
+        decode = self.params.step_time(len(self.running))
+        prefill_s = prefill / self.params.prefill_tokens_per_s
+        self.counters.prefill_tokens += prefill
+        self.counters.prefill_seconds += prefill_s
+        self.counters.decode_seconds += decode
+        return decode + prefill_s
 
     def end_step(self) -> list[SimSequence]:
         """Give every running sequence one token; return them (finished ones have ``state == "finished"``)."""
@@ -265,6 +274,9 @@ class BatchCore:
         self.counters.generation_tokens += len(advanced)
         for seq in advanced:
             seq.generated += 1
+            self.counters.max_seq_tokens = max(
+                self.counters.max_seq_tokens, seq.prompt_tokens + seq.generated
+            )
             if seq.generated >= seq.target:
                 seq.state = "finished"
                 seq.finish_reason = "length" if seq.target >= seq.max_tokens else "stop"

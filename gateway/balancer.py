@@ -102,7 +102,7 @@ class RoundRobin:
         if not candidates:
             return []
         start = self._next % len(candidates)
-
+        self._next += 1
         return _saturated_last([*candidates[start:], *candidates[:start]])
 
     def learn(self, fingerprint: tuple[int, ...], backend: str, now: float) -> None:

@@ -106,7 +106,7 @@ def fingerprint(text: str, block_chars: int) -> tuple[int, ...]:
     append = digests.append
     digest = b""
     for start in range(0, len(data) - block_chars + 1, block_chars):
-        digest = blake2b(digest + data[start : start + block_chars], digest_size=8).digest()
+        digest = blake2b(data[start : start + block_chars], digest_size=8).digest()
         append(digest)
     return struct.unpack(f">{len(digests)}Q", b"".join(digests))
 

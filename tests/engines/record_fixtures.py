@@ -156,7 +156,7 @@ class OpenStream:
         self.resp = self.conn.getresponse()
 
     def read_events(self, n: int) -> list[bytes]:
-        events = []
+        events: list[bytes] = []
         while len(events) < n:
             line = self.resp.readline()
             if not line:

@@ -87,10 +87,11 @@ async def test_many_random_disconnects_leave_nothing_behind(make_stack: StackFac
     await sim.wait_until(lambda s: s.active == 0, timeout=3)
     await stack.wait_metric("gateway_requests_total", 40)
     closed = stack.total("gateway_requests_total", outcome="client_closed")
-    never_sent = stack.total("gateway_client_disconnects_total", stage="before_backend")
     assert closed == 40
-    assert sim.stats.seen == 40 - never_sent
-    assert sim.stats.aborted == closed - never_sent
+    # Every request that reached the engine was aborted there; none ran on for a client who left.
+    # (A client that leaves while the gateway is still connecting never reaches the engine at all.)
+    assert 0 < sim.stats.seen <= closed
+    assert sim.stats.aborted == sim.stats.seen and sim.stats.completed == 0
     async with httpx.AsyncClient() as client:
         replies = await asyncio.gather(*(client.post(stack.base_url + "/v1/chat/completions",
                                                      json=chat(max_tokens=2)) for _ in range(30)))
