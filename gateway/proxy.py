@@ -76,7 +76,7 @@ class Proxy:
                         backend.url + ex.path, ex.upstream_body(body, backend), headers_for(headers, backend),
                         backend.name,
                     )
-                except UpstreamError as exc:
+                except (UpstreamError, UpstreamTimeout) as exc:
                     last_error = exc
                     self._count_failure(backend, error_kind(exc))
                     continue
@@ -115,6 +115,10 @@ class Proxy:
             resp.close()
         norm = backend.adapter.normalise_error(resp.status, raw)
         retry_after = _retry_after(resp.headers.get("retry-after"))
+        if resp.status == 503:
+            # Overloaded or not ready: keep the status so the client backs off as the engine asked.
+            return NoHealthyBackend(f"Backend {backend.name} is unavailable (503).", code="upstream_unavailable",
+                                    retry_after=retry_after if retry_after is not None else 1)
         return EngineError(norm.message, status=norm.status, type_=norm.type, code=norm.code,
                            param=norm.param, retry_after=retry_after)
 
