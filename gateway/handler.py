@@ -154,10 +154,21 @@ async def _read_body(receive: Receive, headers: dict[str, str], limit: int) -> b
         if chunk:
             size += len(chunk)
             if size > limit:
+                await _discard(receive, message, 1 << 20)
                 raise PayloadTooLarge(f"The request body is larger than the {limit}-byte limit.")
             parts.append(chunk)
         if not message.get("more_body", False):
             return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+async def _discard(receive: Receive, message: MutableMapping[str, Any], budget: int) -> None:
+    """Read and drop up to `budget` more bytes of an oversized body, so that a client which
+    writes its whole body before reading can still read the 413 (else it sees a reset)."""
+    while message.get("more_body", False) and budget > 0:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+        budget -= len(message.get("body", b""))
 
 
 def _headers(scope: Scope) -> dict[str, str]:

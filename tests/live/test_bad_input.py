@@ -1,0 +1,86 @@
+"""Bad input over real HTTP: OpenAI-shaped errors with the right status, nothing reaches a
+backend, and no client string becomes a metric label (RELIABILITY 4.3, invariant 0.4)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import string
+
+import httpx
+import pytest
+
+from tests.live.conftest import StackFactory, chat
+
+pytestmark = pytest.mark.live
+
+
+def shaped(r: httpx.Response, status: int) -> dict[str, object]:
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    return body["error"]  # type: ignore[no-any-return]
+
+
+async def test_bad_bodies_get_400s_and_never_reach_the_engine(make_stack: StackFactory) -> None:
+    stack = await make_stack()
+    url = stack.base_url + "/v1/chat/completions"
+    async with httpx.AsyncClient() as client:
+        for raw in (b"{bad", b"[]", b"", b"a=b", b'{"model":"tiny","x":' + b"[" * 50_000 + b"]" * 50_000 + b"}"):
+            shaped(await client.post(url, content=raw, headers={"content-type": "text/plain"}), 400)
+        err = shaped(await client.post(url, json=chat(max_tokens=-1)), 400)
+        assert err["param"] == "max_tokens"
+        err = shaped(await client.post(url, json={"model": "tiny", "messages": "x"}), 400)
+        assert err["param"] == "messages"
+    assert stack.sims["vllm-0"].stats.seen == 0
+    assert stack.total("gateway_requests_total", outcome="rejected_4xx") == 7
+
+
+async def test_body_too_large_is_413(make_stack: StackFactory) -> None:
+    stack = await make_stack(limits={"max_body_bytes": 4096})
+    url = stack.base_url + "/v1/chat/completions"
+    async with httpx.AsyncClient() as client:
+        shaped(await client.post(url, json=chat(content="x" * 5000)), 413)
+
+        async def chunks():  # type: ignore[no-untyped-def]
+            for _ in range(100):
+                yield b"x" * 1000
+
+        shaped(await client.post(url, content=chunks()), 413)
+    assert stack.sims["vllm-0"].stats.seen == 0
+
+
+async def test_unknown_model_is_404_and_labels_stay_bounded(make_stack: StackFactory) -> None:
+    stack = await make_stack()
+    url = stack.base_url + "/v1/chat/completions"
+    rng = random.Random(7)
+    async with httpx.AsyncClient() as client:
+        err = shaped(await client.post(url, json=chat(model="nope")), 404)
+        assert err["code"] == "model_not_found"
+        names = ["".join(rng.choices(string.ascii_letters, k=12)) for _ in range(300)]
+        await asyncio.gather(*(client.post(url, json=chat(model=n), headers={"x-random": n}) for n in names))
+        text = (await client.get(stack.base_url + "/metrics")).text
+    for name in names:
+        assert name not in text
+    routes = {labels["route"] for labels, _ in stack.samples("gateway_requests_total")}
+    assert routes == {"__unknown__"}
+
+
+async def test_wrong_method_and_path(make_stack: StackFactory) -> None:
+    stack = await make_stack()
+    async with httpx.AsyncClient() as client:
+        shaped(await client.get(stack.base_url + "/v1/chat/completions"), 405)
+        shaped(await client.post(stack.base_url + "/v1/nope", json={}), 404)
+        shaped(await client.get(stack.base_url + "/v1/../admin"), 404)
+
+
+async def test_client_auth(make_stack: StackFactory) -> None:
+    stack = await make_stack(server={"api_keys": ["sk-good"]})
+    url = stack.base_url + "/v1/chat/completions"
+    async with httpx.AsyncClient() as client:
+        for headers in ({}, {"authorization": "Bearer sk-bad"}, {"authorization": "sk-good"}):
+            err = shaped(await client.post(url, json=chat(), headers=headers), 401)
+            assert "sk-bad" not in str(err["message"])
+        ok = await client.post(url, json=chat(max_tokens=1), headers={"authorization": "Bearer sk-good"})
+    assert ok.status_code == 200
+    assert "authorization" not in stack.sims["vllm-0"].stats.recent[-1].headers
