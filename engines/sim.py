@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import json
 import logging
@@ -102,6 +103,8 @@ class SimServer:
         self.port = port
         self.engine = SimEngine(params)
         self.api = SimApi(self.engine)
+        self.api.routes[("POST", "/v1/chat/completions")] = functools.partial(completion, self.api, chat=True)
+        self.api.routes[("POST", "/v1/completions")] = functools.partial(completion, self.api, chat=False)
         self.stats = SimStats(core=self.engine.core)
         self._fault = parse_fault(params.fault)  # raises FaultSpecError (a ValueError) early
         self._probe_fault = Fault()
@@ -181,7 +184,8 @@ class SimServer:
             # logs a spurious error if it ends cancelled, so end it normally instead.
             pass
         finally:
-            await conn.close()
+            with contextlib.suppress(asyncio.CancelledError):  # stop() may cancel us while closing, too
+                await conn.close()
             self._tasks.discard(task)
 
     async def _handle(self, conn: HttpConn, req: HttpRequest) -> bool:
@@ -228,8 +232,6 @@ class SimServer:
             raise Killed
         if fault.status is not None:
             await self.api.send_status_fault(conn, fault)
-        elif req.method == "POST" and req.path in ("/v1/chat/completions", "/v1/completions"):
-            await completion(self.api, conn, req, fault, chat=req.path == "/v1/chat/completions")
         else:
             await self.api.route(conn, req, fault)
 
