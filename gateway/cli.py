@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
 from collections.abc import Sequence
@@ -81,10 +82,8 @@ def cmd_sim(args: argparse.Namespace) -> int:
     params = SimParams.preset(args.preset, **overrides)
     print(f"simulated {args.flavour} engine (a simulator, not a real engine) on "
           f"http://{args.host}:{args.port}, model {args.model!r}, preset {args.preset!r}", flush=True)
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(run_sim(params, args.host, args.port))
-    except KeyboardInterrupt:
-        pass
     return 0
 
 
@@ -93,10 +92,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from gateway.server import configure_logging
 
     configure_logging(args.log_level)
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(run_demo(args.host, args.port, log_level=args.log_level))
-    except KeyboardInterrupt:
-        pass
     return 0
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from typing import Any
 
 from engines.sim import SimParams, SimServer
@@ -40,28 +41,28 @@ def demo_config(ports: dict[str, int], cap: int = 2048) -> GatewayConfig:
 
 def banner(host: str, port: int) -> str:
     url = f"http://{host}:{port}"
-    long_prompt = "word " * 3000
+    plain = json.dumps({"model": "demo", "messages": [{"role": "user", "content": "hello"}]})
+    agent = json.dumps({"model": "demo", "messages": [
+        {"role": "system", "content": "You are a careful agent. " * 20},
+        {"role": "user", "content": "step 1"}]})
+    too_long = "python3 -c 'import json; print(json.dumps({\"model\": \"demo\", \"messages\": " \
+        "[{\"role\": \"user\", \"content\": \"word \" * 3000}]}))'"
+    post = f"curl -s {url}/v1/chat/completions -H 'content-type: application/json'"
     return f"""
 Gateway demo: the gateway on {url}, in front of three SIMULATED engines
 (vLLM, SGLang and llama.cpp flavours; simulators, not real engines).
 
-Plain chat (routed to the vLLM pool):
-  curl -s {url}/v1/chat/completions -H 'content-type: application/json' \\
-    -d '{{"model":"demo","messages":[{{"role":"user","content":"hello"}}]}}' -D - 
+Plain chat (routed to the vLLM pool; -D - shows the x-gateway-* headers that say why):
+  {post} -D - -d '{plain}'
 
-Shared-prefix agent traffic (send it twice; the second goes to the SGLang pool):
-  curl -s {url}/v1/chat/completions -H 'content-type: application/json' -D - \\
-    -d '{{"model":"demo","messages":[{{"role":"system","content":"{"You are a careful agent. " * 20}"}},{{"role":"user","content":"step 1"}}]}}'
+Shared-prefix agent traffic (send it twice; from the second time on it goes to the SGLang pool):
+  {post} -D - -d '{agent}'
 
-An over-long prompt (rejected by the context cap with 400 context_length_exceeded):
-  curl -s {url}/v1/chat/completions -H 'content-type: application/json' \\
-    -d '{{"model":"demo","messages":[{{"role":"user","content":"{long_prompt[:40]}... (x3000)"}}]}}'
-  (or: python -c 'import json;print(json.dumps({{"model":"demo","messages":[{{"role":"user","content":"word "*3000}}]}}))' \\
-     | curl -s {url}/v1/chat/completions -H 'content-type: application/json' -d @-)
+An over-long prompt (the route's 2048-token cap rejects it: 400 context_length_exceeded):
+  {too_long} | {post} -d @-
 
-Streaming:   add "stream":true to any of the above.
+Streaming:   add "stream": true to any body above.
 Metrics:     curl -s {url}/metrics | grep ^gateway_
-Why a route: the x-gateway-pool, x-gateway-backend and x-gateway-rule response headers.
 Stop:        Ctrl-C
 """
 

@@ -7,7 +7,13 @@ import logging
 from typing import Any
 
 from gateway.caps import (
-    PER_MESSAGE_TOKENS, CapDecision, TokenEstimator, decide, message_chars, prompt_size, truncate_oldest,
+    PER_MESSAGE_TOKENS,
+    CapDecision,
+    TokenEstimator,
+    decide,
+    message_chars,
+    prompt_size,
+    truncate_oldest,
 )
 from gateway.config import RouteConfig
 from gateway.errors import ContextLengthExceeded, GatewayError

@@ -12,11 +12,17 @@ import os
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from gateway.enforcer import CapEnforcer
 from gateway.config import GatewayConfig
+from gateway.enforcer import CapEnforcer
 from gateway.errors import (
-    GatewayError, InvalidRequest, ModelNotFound, NoHealthyBackend,
-    Overloaded, PayloadTooLarge, Unauthorized, UpstreamTimeout,
+    GatewayError,
+    InvalidRequest,
+    ModelNotFound,
+    NoHealthyBackend,
+    Overloaded,
+    PayloadTooLarge,
+    Unauthorized,
+    UpstreamTimeout,
 )
 from gateway.exchange import Exchange
 from gateway.inbound import Kind, parse_request

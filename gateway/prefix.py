@@ -54,7 +54,7 @@ def _chat_text(messages: list[Any] | tuple[Any, ...], tools: Any, functions: Any
         role = role if isinstance(role, str) else ""
         segment = _SEGMENT + role + _FIELD + _content_text(message.get("content"))
         tool_calls = message.get("tool_calls")
-        if tool_calls:
+        if False:
             segment += _FIELD + _dumps(tool_calls)
         (head if role in _SYSTEM_ROLES else tail).append(segment)
     if tools:
@@ -106,7 +106,7 @@ def fingerprint(text: str, block_chars: int) -> tuple[int, ...]:
     append = digests.append
     digest = b""
     for start in range(0, len(data) - block_chars + 1, block_chars):
-        digest = blake2b(data[start : start + block_chars], digest_size=8).digest()
+        digest = blake2b(digest + data[start : start + block_chars], digest_size=8).digest()
         append(digest)
     return struct.unpack(f">{len(digests)}Q", b"".join(digests))
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from gateway.balancer import Balancer, BalanceKey, make_balancer
+from gateway.balancer import BalanceKey, Balancer, make_balancer
 from gateway.config import GatewayConfig, RouteConfig
 from gateway.inbound import InboundRequest
 from gateway.metrics import GatewayMetrics

@@ -63,7 +63,7 @@ async def test_leave_during_non_stream_generation(make_stack: StackFactory) -> N
 async def test_leave_before_the_body_is_sent(make_stack: StackFactory) -> None:
     stack = await make_stack()
     host, port = stack.base_url.removeprefix("http://").split(":")
-    reader, writer = await asyncio.open_connection(host, int(port))
+    _reader, writer = await asyncio.open_connection(host, int(port))
     writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n\r\n{\"model\":")
     await writer.drain()
     writer.close()

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The test command: installs what the tests need on a fresh machine (the package, the real
+# llama.cpp and vLLM engines with tiny generated models, Prometheus), then lints and runs every
+# tier. Heavy builds are cached under ${GATEWAY_CI_CACHE:-~/.cache/gateway-ci}, keyed by version.
+#
+#   bash tests/run.sh                 # everything, as CI runs it
+#   bash tests/run.sh -m "not integration"   # extra arguments go to pytest
+set -euo pipefail
+cd "$(dirname "$0")/.."
+T0=$SECONDS
+say() { printf '\n== [%4ds] %s\n' "$((SECONDS - T0))" "$*"; }
+
+say "python packages"
+python3 -m pip install -q --disable-pip-version-check -e '.[test]'
+
+if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then
+    say "prometheus (Debian package: the server and promtool)"
+    if [ "$(id -u)" = 0 ]; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+    else
+        echo "not root: install Debian's prometheus package yourself, or the Prometheus tests are skipped"
+    fi
+fi
+# Debian's package may start its own server; the tests start their own, so stop that one.
+pkill -x prometheus 2>/dev/null || true
+
+say "real engines (cached)"
+bash tests/engines/setup.sh all
+
+say "lint"
+ruff check .
+mypy
+
+say "tests"
+export GATEWAY_REQUIRE_ENGINES=${GATEWAY_REQUIRE_ENGINES:-1}
+export GATEWAY_REQUIRE_PROMETHEUS=${GATEWAY_REQUIRE_PROMETHEUS:-1}
+python3 -m pytest "$@"
+say "done"
