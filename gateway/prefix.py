@@ -54,7 +54,7 @@ def _chat_text(messages: list[Any] | tuple[Any, ...], tools: Any, functions: Any
         role = role if isinstance(role, str) else ""
         segment = _SEGMENT + role + _FIELD + _content_text(message.get("content"))
         tool_calls = message.get("tool_calls")
-        if False:
+        if tool_calls:
             segment += _FIELD + _dumps(tool_calls)
         (head if role in _SYSTEM_ROLES else tail).append(segment)
     if tools:

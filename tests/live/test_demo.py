@@ -54,7 +54,7 @@ def test_demo_end_to_end() -> None:
             stream = client.post("/v1/chat/completions", json={**agent, "stream": True})
             assert stream.text.rstrip().endswith("data: [DONE]")
             metrics = client.get("/metrics").text
-        assert 'gateway_route_decisions_total{pool="sglang",route="demo",rule="agent-prefix"} 2.0' in metrics
+        assert 'gateway_route_decisions_total{pool="sglang",route="demo",rule="agent-prefix"} 3.0' in metrics
         assert 'gateway_context_cap_total{action="rejected"' in metrics
         assert "gateway_time_to_first_token_seconds_bucket" in metrics
     finally:

@@ -40,6 +40,12 @@ Expr = sources.Expr
 RULES: Path = sources.RULES
 
 
+def substitute(expr: str, rate_interval: str = "1m") -> str:
+    """A Grafana panel query as Prometheus sees it with every `$route`/`$pool` selected."""
+    result: str = sources.substitute_grafana(expr, rate_interval)
+    return result
+
+
 def deploy_expressions(rate_interval: str = "1m") -> list[Any]:
     """Every PromQL expression in the Grafana dashboards and the recording/alert rules, with
     `$route`/`$pool` as `.*` and `$__rate_interval` as `rate_interval`, ready to evaluate."""
