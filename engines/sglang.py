@@ -1,0 +1,47 @@
+"""SGLang (`python -m sglang.launch_server`): health, metric names under both prefixes, launch argv."""
+
+from __future__ import annotations
+
+from engines.base import LaunchSpec
+from engines.openai import PromptTokenizer, TableAdapter, cap_flag
+from engines.promtext import LoadTable, Ratio
+
+# Releases differ: "sglang:" like vLLM, or "sglang_" (the plain Prometheus style).
+_PREFIXES = ("sglang:", "sglang_")
+
+
+def _both(name: str) -> tuple[str, ...]:
+    return tuple(prefix + name for prefix in _PREFIXES)
+
+
+LOAD = LoadTable(
+    running=_both("num_running_reqs"),
+    waiting=_both("num_queue_reqs"),
+    kv_usage=_both("token_usage"),
+    # Cumulative counters first (cached_tokens_total is labelled by cache_source in newer releases,
+    # and the reader sums label sets); the cache_hit_rate gauge where they are missing.
+    hit_ratios=tuple(Ratio(f"{p}cached_tokens_total", f"{p}prompt_tokens_total") for p in _PREFIXES),
+    hit_rate=_both("cache_hit_rate"),
+)
+
+# /tokenize (added in 2025, PR #9545) takes a raw prompt only; chat messages get no call.
+TOKENIZER = PromptTokenizer(path="/tokenize", prompt_key="prompt", count_key="count")
+
+
+def launch(spec: LaunchSpec) -> list[str]:
+    return [
+        "python", "-m", "sglang.launch_server", "--model-path", spec.model,
+        "--host", spec.host, "--port", str(spec.port),
+        *cap_flag("--context-length", spec.max_context_tokens),
+        "--enable-metrics",  # without it there is no /metrics, so no load signals
+    ]  # fmt: skip
+
+
+ADAPTER = TableAdapter(
+    kind="sglang",
+    health_path="/health",  # not /health_generate: that one runs a generation on every probe
+    metrics_path="/metrics",
+    load=LOAD,
+    tokenizer=TOKENIZER,
+    launch=launch,
+)

