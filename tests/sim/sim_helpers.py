@@ -21,9 +21,7 @@ def chat_body(content: str = "hello", **extra: Any) -> dict[str, Any]:
     return {"model": "tiny", "messages": [{"role": "user", "content": content}], **extra}
 
 
-def request_bytes(
-    method: str, path: str, body: Any = None, headers: dict[str, str] | None = None
-) -> bytes:
+def request_bytes(method: str, path: str, body: Any = None, headers: dict[str, str] | None = None) -> bytes:
     data = b"" if body is None else body if isinstance(body, bytes) else json.dumps(body).encode()
     lines = [f"{method} {path} HTTP/1.1", "host: sim"]
     if body is not None:

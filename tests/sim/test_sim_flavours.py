@@ -121,9 +121,15 @@ async def test_too_long_llamacpp(make_sim: SimFactory, client: Client) -> None:
     sim = await make_sim("llamacpp", context_limit=100)
     r = await client(sim).post("/v1/completions", json={"prompt": "x" * 800, "stream": True})
     assert r.status_code == 400
-    assert r.json() == {"error": {
-        "code": 400, "type": "exceed_context_size_error", "n_prompt_tokens": 200, "n_ctx": 100,
-        "message": "request (200 tokens) exceeds the available context size (100 tokens), try increasing it"}}
+    assert r.json() == {
+        "error": {
+            "code": 400,
+            "type": "exceed_context_size_error",
+            "n_prompt_tokens": 200,
+            "n_ctx": 100,
+            "message": "request (200 tokens) exceeds the available context size (100 tokens), try increasing it",
+        }
+    }
     r = await client(sim).post("/v1/completions", json={"prompt": "x" * 40, "max_tokens": 10**6})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 90  # silently clamped
 
@@ -158,9 +164,7 @@ async def test_unknown_model_per_flavour(make_sim: SimFactory, client: Client) -
     assert r.status_code == 200 and r.json()["model"] == "nope"  # SGLang does not check
 
 
-@pytest.mark.parametrize(
-    ("flavour", "health"), [("vllm", b""), ("sglang", b""), ("llamacpp", b'{"status":"ok"}')]
-)
+@pytest.mark.parametrize(("flavour", "health"), [("vllm", b""), ("sglang", b""), ("llamacpp", b'{"status":"ok"}')])
 async def test_health_models_and_unknown_paths(
     make_sim: SimFactory, client: Client, flavour: str, health: bytes
 ) -> None:
@@ -174,8 +178,8 @@ async def test_health_models_and_unknown_paths(
         assert models["data"][0]["max_model_len"] == 777
     missing = await c.get("/v1/nothing")
     assert missing.status_code == 404
-    assert missing.json() == ({"detail": "Not Found"} if flavour != "llamacpp" else
-                              {"error": {"code": 404, "message": "File Not Found", "type": "not_found_error"}})  # fmt: skip
+    llamacpp_404 = {"error": {"code": 404, "message": "File Not Found", "type": "not_found_error"}}
+    assert missing.json() == (llamacpp_404 if flavour == "llamacpp" else {"detail": "Not Found"})
     assert (await c.get(CHAT_PATH)).status_code == 405
     assert sim.stats.seen == 2  # probes are not counted; the 404 and the 405 are
 

@@ -1,13 +1,15 @@
-"""The simulator's pure parts: parameters and presets, prefix cache, batching core, what-if runs,
-tokenizer and fault grammar. No sockets, no clock."""
+"""The simulator's parts without sockets: parameters and presets, prefix cache, batching core, what-if
+runs, tokenizer, fault grammar, and the real-time engine driven in process."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 import statistics
 
 import pytest
 
+from engines.sim_engine import SimEngine
 from engines.sim_faults import Fault, FaultSpecError, parse_fault
 from engines.sim_model import BatchCore, PrefixCache, SimParams, SimSequence, block_hashes
 from engines.sim_text import (
@@ -178,6 +180,19 @@ def test_kv_usage_counts_prompt_and_generated_tokens() -> None:
     core.begin_step()
     core.end_step()
     assert core.kv_used_tokens == 32 and core.kv_usage == pytest.approx(0.32)
+
+
+async def test_realtime_engine_in_process_without_sockets() -> None:
+    async with SimEngine(SimParams(base_step_s=0.001)) as engine:
+        done = await engine.generate(SimSequence(prompt_tokens=10, max_tokens=5))
+        assert (done.state, done.generated, done.finish_reason) == ("finished", 5, "length")
+        task = asyncio.create_task(engine.generate(SimSequence(prompt_tokens=10, max_tokens=10_000)))
+        while not engine.core.running:
+            await asyncio.sleep(0.001)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert not engine.core.running and engine.core.counters.finished["abort"] == 1
 
 
 # -- what-if ----------------------------------------------------------------------------------------------
