@@ -142,7 +142,8 @@ class PrefixAffinity:
     def __init__(self, epsilon: float, max_entries: int = AFFINITY_MAX_ENTRIES) -> None:
         self._epsilon = epsilon
         self._max_entries = max_entries
-        self._table: OrderedDict[int, str] = OrderedDict()
+        self._table: OrderedDict[int, tuple[str, int]] = OrderedDict()
+        """block hash -> (backend, the block's index in the fingerprint)"""
 
     def __len__(self) -> int:
         return len(self._table)
@@ -162,7 +163,7 @@ class PrefixAffinity:
         if loads[favourite.name] + 1.0 <= capacity:
             ordered = [favourite, *sorted(preferred[1:], key=lambda c: loads[c.name])]
         else:
-            ordered = sorted(preferred, key=lambda c: loads[c.name])
+            ordered = [*preferred[1:], favourite]
         return _saturated_last(ordered)
 
     def learn(self, fingerprint: tuple[int, ...], backend: str, now: float) -> None:
@@ -175,21 +176,23 @@ class PrefixAffinity:
         table = self._table
         index = 0
         while index < n - 1:
-            table[fingerprint[index]] = backend
+            table[fingerprint[index]] = (backend, index)
             table.move_to_end(fingerprint[index])
             index = 2 * index + 1
-        table[fingerprint[-1]] = backend
+        table[fingerprint[-1]] = (backend, n - 1)
         table.move_to_end(fingerprint[-1])
         while len(table) > self._max_entries:
             table.popitem(last=False)
 
     def _lookup(self, fp: tuple[int, ...], names: set[str]) -> str | None:
+        """The backend learned for the longest prefix of `fp`, among `names`."""
         table = self._table
-        for h in reversed(fp):
-            name = table.get(h)
-            if name is not None and name in names:
-                return name
-        return None
+        best, best_index = None, -1
+        for h in table.keys() & fp:  # one C-level pass over the fingerprint
+            name, index = table[h]
+            if index > best_index and index < len(fp) and fp[index] == h and name in names:
+                best, best_index = name, index
+        return best
 
 
 def make_balancer(kind: BalancerKind, pool: PoolConfig) -> Balancer:

@@ -96,6 +96,8 @@ class BackendConfig(_Model):
 
 class PoolConfig(_Model):
     engine: EngineKind
+    flavour: Literal["vllm", "sglang", "llamacpp"] = "vllm"
+    """For `engine: sim` only: which engine's API the simulator speaks (and the gateway expects)."""
     balancer: BalancerKind = "least_load"
     backends: Annotated[tuple[BackendConfig, ...], Field(min_length=1)]
     session_header: str = "x-session-id"

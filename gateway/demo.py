@@ -22,7 +22,8 @@ def demo_config(ports: dict[str, int], cap: int = 2048) -> GatewayConfig:
                     "shared_prefix": {"min_seen": 2, "min_prefix_chars": 256, "block_chars": 128}},
         "health": {"interval_s": 2.0, "scrape_interval_s": 1.0},
         "pools": {
-            name: {"engine": "sim", "balancer": "prefix_affinity" if name == "sglang" else "least_load",
+            name: {"engine": "sim", "flavour": name,
+                   "balancer": "prefix_affinity" if name == "sglang" else "least_load",
                    "backends": [{"url": f"http://127.0.0.1:{port}", "name": f"sim-{name}",
                                  "model": "tiny"}]}
             for name, port in ports.items()

@@ -124,12 +124,18 @@ class CapEnforcer:
         headers = {"authorization": f"Bearer {backend.api_key}"} if backend.api_key else {}
         answers: list[Any] = []
         try:
-            for call in adapter.tokenize_calls(model, messages, prompt):
+            calls = list(adapter.tokenize_calls(model, messages, prompt))
+            while calls:
+                call = calls.pop(0)
                 status, data = await self._upstream.post_json(
                     backend.url + call.path, dict(call.json), headers, self._timeout_s, backend.name)
                 if status != 200 or data is None:
                     return None
                 answers.append(data)
+                if not calls:  # llama.cpp counts in two steps: apply the template, then tokenize
+                    follow = adapter.next_tokenize_call(answers)
+                    if follow is not None:
+                        calls.append(follow)
         except GatewayError as exc:
             log.debug("exact count on %s failed: %s", backend.name, exc.message)
             return None

@@ -31,7 +31,7 @@ def render_plan(config: GatewayConfig, kv_config: str | None = None, parallel: i
     lines: list[str] = []
     for pool_name, pool in config.pools.items():
         cap = caps.get(pool_name)
-        adapter = adapter_for(pool.engine)
+        adapter = adapter_for(pool.engine)  # sim: no launch command
         for i, backend in enumerate(pool.backends):
             url = urlsplit(backend.url)
             port = url.port or (443 if url.scheme == "https" else 80)

@@ -161,13 +161,19 @@ class PrefixTracker:
         table = self._table
         lead = self._lead_blocks
         continued = 0
-        # Longest first, so continued_blocks reports the best match; the chain makes a hit at index i
-        # mean "the same first i+1 blocks", and end_pos guards against a (2^-64) collision elsewhere.
-        for i in range(len(fp) - 1, lead - 2, -1):
-            entry = table.get(fp[i])
-            if entry is not None and entry.end_pos == i and now - entry.end_at <= self._window_s:
-                continued = i + 1
-                break
+        # One C-level pass finds the blocks already known; a hit that ended an earlier request at the
+        # same index means (the hashes being chained) that this prompt starts with all of it.
+        for h in table.keys() & fp:
+            entry = table[h]
+            end = entry.end_pos
+            if (
+                end >= lead - 1
+                and end < len(fp)
+                and fp[end] == h
+                and now - entry.end_at <= self._window_s
+                and end >= continued
+            ):
+                continued = end + 1
         seen = 0
         if len(fp) >= lead:
             entry = self._touch(fp[lead - 1], now)

@@ -42,11 +42,13 @@ class Registry:
         self.by_name: dict[str, Backend] = {}
         for pool_name, pool in config.pools.items():
             members = []
+            # A simulator speaks one real engine's API exactly, so it is driven by that adapter.
+            adapter = adapter_for(pool.flavour if pool.engine == "sim" else pool.engine)
             for i, b in enumerate(pool.backends):
                 backend = Backend(
                     pool=pool_name, name=backend_name(pool_name, i, b), engine=pool.engine,
                     url=b.url.rstrip("/"), api_key=(b.api_key.get_secret_value() or None) if b.api_key else None,
-                    model=b.model, max_in_flight=b.max_in_flight, adapter=adapter_for(pool.engine),
+                    model=b.model, max_in_flight=b.max_in_flight, adapter=adapter,
                 )
                 members.append(backend)
                 self.by_name[backend.name] = backend

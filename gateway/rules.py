@@ -43,6 +43,8 @@ def matches(when: RuleWhen, facts: RequestFacts) -> bool:
         return False
     if when.has_tools is not None and when.has_tools != facts.has_tools:
         return False
+    if when.stream is not None and when.stream != facts.stream:
+        return False
     if when.min_prompt_tokens is not None and facts.prompt_tokens < when.min_prompt_tokens:
         return False
     if when.max_prompt_tokens is not None and facts.prompt_tokens > when.max_prompt_tokens:

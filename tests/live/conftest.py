@@ -81,7 +81,8 @@ async def make_stack() -> AsyncIterator[StackFactory]:
                 sims[name] = sim
                 backends.append({"url": sim.base_url, "name": name, "model": member.model})
             extra = sections.pop(f"pool_{pool}", {})
-            pool_cfg[pool] = {"engine": engine, "backends": backends, **extra}
+            flavours = {m.flavour for m in members if isinstance(m, SimParams)} or {"vllm"}
+            pool_cfg[pool] = {"engine": engine, "flavour": flavours.pop(), "backends": backends, **extra}
         routes = routes or [{"model": "tiny", "pools": list(pools)}]
         data = {"pools": pool_cfg, "routes": routes,
                 "health": {"interval_s": 60, "scrape_interval_s": 60, **sections.pop("health", {})},
