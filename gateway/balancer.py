@@ -163,7 +163,7 @@ class PrefixAffinity:
         if loads[favourite.name] + 1.0 <= capacity:
             ordered = [favourite, *sorted(preferred[1:], key=lambda c: loads[c.name])]
         else:
-            ordered = [*preferred[1:], favourite]
+            ordered = sorted(preferred, key=lambda c: loads[c.name])
         return _saturated_last(ordered)
 
     def learn(self, fingerprint: tuple[int, ...], backend: str, now: float) -> None:

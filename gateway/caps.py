@@ -42,7 +42,14 @@ def prompt_size(body: Mapping[str, Any]) -> tuple[int, int, int]:
     """(characters, messages, exact tokens already known) of a chat or completions body."""
     messages = body.get("messages")
     if isinstance(messages, list):
-        chars = sum(message_chars(m) for m in messages if isinstance(m, dict))
+        chars = 0
+        for m in messages:
+            # Fast path for the common shape (string content, no tool calls): this runs per request.
+            content = m.get("content") if type(m) is dict else None
+            if type(content) is str and "tool_calls" not in m:
+                chars += len(content)
+            elif isinstance(m, dict):
+                chars += message_chars(m)
         tools = body.get("tools")
         if tools:
             chars += len(str(tools))

@@ -29,8 +29,8 @@ def explain(config: GatewayConfig, raw: bytes, kind: str = "chat", platform: str
     for backend in registry:  # explain assumes every backend is healthy; it does no I/O
         registry.set_health(backend, True)
     router = Router(config, registry, GatewayMetrics(), platform or resolve_platform(config.routing.platform))
-    facts, fp = router.facts(route, inbound, {}, 0, 0.0)
     plan = router.plan(route, inbound, {})
+    facts, fp = plan.facts, plan.fingerprint
     k: Kind = inbound.kind
     return {
         "kind": k,

@@ -21,6 +21,7 @@ class Plan:
     pool: str
     rule: str
     backends: list[Backend]
+    facts: RequestFacts
     fingerprint: tuple[int, ...] = ()
 
 
@@ -61,7 +62,7 @@ class Router:
         facts, fp = self.facts(route, inbound, headers, prompt_tokens, now)
         decision = select_pool(route, facts, self._registry.pool_available)
         if decision is None:
-            return Plan(pool=route.pools[0], rule="none", backends=[], fingerprint=fp)
+            return Plan(pool=route.pools[0], rule="none", backends=[], facts=facts, fingerprint=fp)
         self._metrics.route_decisions.labels(route.label, decision.pool, decision.rule).inc()
         session = headers.get(self._config.pools[decision.pool].session_header) or inbound.user
         key = BalanceKey(fingerprint=fp, session=session)
@@ -71,4 +72,4 @@ class Router:
         backends = [by_name[c.name] for c in ordered if self._registry.has_capacity(by_name[c.name])]
         if backends:
             balancer.learn(fp, backends[0].name, now)
-        return Plan(pool=decision.pool, rule=decision.rule, backends=backends, fingerprint=fp)
+        return Plan(pool=decision.pool, rule=decision.rule, backends=backends, facts=facts, fingerprint=fp)
