@@ -17,6 +17,7 @@ from gateway.enforcer import CapEnforcer
 from gateway.handler import CompletionEndpoint
 from gateway.health import HealthChecker
 from gateway.hostinfo import resolve_platform
+from gateway.lifecycle import Lifecycle
 from gateway.metrics import GatewayMetrics
 from gateway.proxy import Proxy
 from gateway.registry import Registry
@@ -41,6 +42,7 @@ class Gateway:
     proxy: Proxy
     health: HealthChecker
     scraper: LoadScraper
+    lifecycle: Lifecycle
 
 
 def build(config: GatewayConfig, platform: str | None = None) -> Gateway:
@@ -56,6 +58,7 @@ def build(config: GatewayConfig, platform: str | None = None) -> Gateway:
                     idle_s=config.timeouts.idle_s, keepalive_s=config.timeouts.keepalive_s),
         health=HealthChecker(registry, upstream, metrics, config.health),
         scraper=LoadScraper(registry, upstream, metrics, config.health),
+        lifecycle=Lifecycle(),
     )
 
 
@@ -78,10 +81,10 @@ def create_app(config: GatewayConfig, platform: str | None = None) -> Starlette:
             await gw.upstream.close()
 
     endpoints = [
-        CompletionEndpoint(kind, config, gw.registry, gw.router, gw.caps, gw.proxy, gw.metrics)
+        CompletionEndpoint(kind, config, gw.registry, gw.router, gw.caps, gw.proxy, gw.metrics, gw.lifecycle)
         for kind in ("chat", "completions", "embeddings")
     ]
-    routes = Endpoints(config, gw.registry, gw.metrics, gw.scraper).routes(endpoints)
+    routes = Endpoints(config, gw.registry, gw.metrics, gw.scraper, gw.lifecycle).routes(endpoints)
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_exception})
     app.state.gateway = gw
     return app

@@ -26,6 +26,7 @@ from gateway.errors import (
 )
 from gateway.exchange import Exchange
 from gateway.inbound import Kind, parse_request
+from gateway.lifecycle import Lifecycle
 from gateway.metrics import GatewayMetrics
 from gateway.proxy import Proxy
 from gateway.registry import Registry
@@ -46,8 +47,9 @@ _DROP = frozenset({
 
 class CompletionEndpoint:
     def __init__(self, kind: Kind, config: GatewayConfig, registry: Registry, router: Router,
-                 caps: CapEnforcer, proxy: Proxy, metrics: GatewayMetrics) -> None:
+                 caps: CapEnforcer, proxy: Proxy, metrics: GatewayMetrics, lifecycle: Lifecycle) -> None:
         self.kind = kind
+        self._lifecycle = lifecycle
         self._config = config
         self._registry = registry
         self._router = router
@@ -64,6 +66,8 @@ class CompletionEndpoint:
         assert task is not None
         watcher: asyncio.Task[None] | None = None
         try:
+            if self._lifecycle.draining:
+                raise NoHealthyBackend("The gateway is shutting down.", code="draining", retry_after=1)
             if self._keys:
                 self._authenticate(headers)
             raw = await _read_body(receive, headers, self._config.limits.max_body_bytes)
@@ -98,10 +102,16 @@ class CompletionEndpoint:
                 ex.status = err.status_code
                 await _send_error(send, err, ex)
         except asyncio.CancelledError:
-            if ex.disconnect_stage is None:
+            if ex.disconnect_stage is not None:
+                task.uncancel()
+                ex.outcome = "client_closed"
+            elif self._lifecycle.draining:
+                # The drain deadline passed with this request still running: tell the client, once.
+                task.uncancel()
+                ex.outcome = "overloaded"
+                await _send_shutdown(send, ex)
+            else:
                 raise
-            task.uncancel()
-            ex.outcome = "client_closed"
         finally:
             ex.finished = True
             if watcher is not None:
@@ -211,6 +221,20 @@ def _outcome_for(err: GatewayError) -> str:
     if err.status_code < 500:
         return "rejected_4xx"
     return "upstream_error_before_first_byte"
+
+
+async def _send_shutdown(send: Send, ex: Exchange) -> None:
+    err = NoHealthyBackend("The gateway shut down before this request finished.", code="shutdown",
+                           retry_after=1)
+    try:
+        if ex.response_started:
+            await send({"type": "http.response.body", "body": b"data: " + err.body_bytes() + b"\n\n",
+                        "more_body": False})
+        else:
+            ex.status = err.status_code
+            await _send_error(send, err, ex)
+    except Exception:  # the connection may already be gone; nothing more to tell
+        return
 
 
 async def _send_error(send: Send, err: GatewayError, ex: Exchange) -> None:

@@ -169,6 +169,7 @@ class PrefixTracker:
             if (
                 end >= lead - 1
                 and end < len(fp)
+                and fp[end] == h
                 and now - entry.end_at <= self._window_s
                 and end >= continued
             ):

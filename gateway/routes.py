@@ -15,6 +15,7 @@ from starlette.routing import BaseRoute, Route
 from gateway.config import GatewayConfig
 from gateway.errors import GatewayError, MethodNotAllowed, NotFound
 from gateway.handler import CompletionEndpoint
+from gateway.lifecycle import Lifecycle
 from gateway.metrics import GatewayMetrics
 from gateway.registry import Registry
 from gateway.scraper import LoadScraper
@@ -27,8 +28,9 @@ def error_response(err: GatewayError) -> Response:
 
 class Endpoints:
     def __init__(self, config: GatewayConfig, registry: Registry, metrics: GatewayMetrics,
-                 scraper: LoadScraper) -> None:
+                 scraper: LoadScraper, lifecycle: Lifecycle) -> None:
         self._config = config
+        self._lifecycle = lifecycle
         self._registry = registry
         self._metrics = metrics
         self._scraper = scraper
@@ -46,9 +48,10 @@ class Endpoints:
 
     async def readyz(self, request: Request) -> Response:
         healthy = [b.name for b in self._registry if b.healthy]
-        status = 200 if healthy else 503
-        return JSONResponse({"ready": bool(healthy), "healthy_backends": len(healthy),
-                             "backends": len(self._registry.by_name)}, status_code=status)
+        ready = bool(healthy) and not self._lifecycle.draining
+        return JSONResponse({"ready": ready, "draining": self._lifecycle.draining,
+                             "healthy_backends": len(healthy), "backends": len(self._registry.by_name)},
+                            status_code=200 if ready else 503)
 
     async def metrics(self, request: Request) -> Response:
         self._scraper.export_ages()

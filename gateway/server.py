@@ -4,12 +4,44 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import signal
+import threading
+from collections.abc import Iterator
+from types import FrameType
 
 import uvicorn
 
 from gateway.app import create_app
 from gateway.config import GatewayConfig
+
+
+class GatewayServer(uvicorn.Server):
+    """uvicorn, plus: the first SIGTERM/SIGINT marks the gateway draining (readiness fails at once)
+    before uvicorn stops accepting connections and waits up to drain_timeout_s for requests."""
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        app = self.config.loaded_app
+        while app is not None and not hasattr(app, "state"):
+            app = getattr(app, "app", None)
+        if app is not None:
+            app.state.gateway.lifecycle.draining = True
+        super().handle_exit(sig, frame)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """As uvicorn's, but a drained shutdown is a normal exit: the signal is not re-raised
+        afterwards, so `gateway serve` exits 0 after SIGTERM (uvicorn's would die of the signal)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 def uvicorn_config(config: GatewayConfig, host: str, port: int, platform: str | None = None,
@@ -24,7 +56,7 @@ def uvicorn_config(config: GatewayConfig, host: str, port: int, platform: str | 
 
 async def serve(config: GatewayConfig, host: str, port: int, platform: str | None = None,
                 log_level: str = "info", started: asyncio.Event | None = None) -> None:
-    server = uvicorn.Server(uvicorn_config(config, host, port, platform, log_level))
+    server = GatewayServer(uvicorn_config(config, host, port, platform, log_level))
     task = asyncio.create_task(server.serve())
     if started is not None:
         while not server.started and not task.done():

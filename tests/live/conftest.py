@@ -15,7 +15,7 @@ import uvicorn
 from engines.sim import SimParams, SimServer
 from gateway.app import Gateway
 from gateway.config import parse_config
-from gateway.server import uvicorn_config
+from gateway.server import GatewayServer, uvicorn_config
 
 
 @dataclass
@@ -89,7 +89,7 @@ async def make_stack() -> AsyncIterator[StackFactory]:
                 **sections}
         config = parse_config(data, env={})
         uv = uvicorn_config(config, "127.0.0.1", 0, platform=platform, log_level="warning")
-        server = uvicorn.Server(uv)
+        server = GatewayServer(uv)
         task = asyncio.create_task(server.serve())
         async with asyncio.timeout(10):
             while not server.started:

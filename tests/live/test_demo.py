@@ -66,3 +66,30 @@ def test_demo_end_to_end() -> None:
             raise
     assert proc.returncode == 0, out
     assert "SIMULATED" in out
+
+
+def test_serve_drains_and_exits_0_on_sigterm(tmp_path: object) -> None:
+    from pathlib import Path
+
+    port = free_port()
+    cfg = Path(str(tmp_path)) / "g.yaml"
+    cfg.write_text("pools: {p: {engine: vllm, backends: [{url: 'http://127.0.0.1:9'}]}}\n"
+                   "routes: [{model: m, pools: [p]}]\nserver: {drain_timeout_s: 1}\n")
+    proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg), "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=1 + 5)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out

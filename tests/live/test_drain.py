@@ -1,0 +1,46 @@
+"""SIGTERM during active streams (RELIABILITY 21): readiness fails at once, streams that finish
+within the drain timeout finish, the rest get one error event and their upstream is aborted, and
+the server exits within drain + 5 s."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+
+import httpx
+import pytest
+
+from tests.live.conftest import StackFactory, chat, sse_events
+
+pytestmark = pytest.mark.live
+
+
+async def test_drain_finishes_short_streams_and_cuts_long_ones(make_stack: StackFactory) -> None:
+    stack = await make_stack(server={"drain_timeout_s": 1.0})
+    sim = stack.sims["vllm-0"]
+
+    async def stream(tokens: int) -> bytes:
+        async with httpx.AsyncClient(timeout=30) as client:
+            r = await client.post(stack.base_url + "/v1/chat/completions",
+                                  json=chat(stream=True, max_tokens=tokens), headers={"x-sim-fault": "chunk_delay=0.05"})
+            return r.content
+
+    short = asyncio.create_task(stream(8))      # ~0.4 s: inside the drain window
+    long = asyncio.create_task(stream(400))     # ~20 s: cut at the deadline
+    await sim.wait_until(lambda s: s.active == 2, timeout=3)
+    async with httpx.AsyncClient() as client:
+        assert (await client.get(stack.base_url + "/readyz")).status_code == 200
+    started = time.monotonic()
+    stack.server.handle_exit(signal.SIGTERM, None)
+    assert stack.gateway.lifecycle.draining
+    short_body, long_body = await asyncio.gather(short, long)
+    assert sse_events(short_body)[-1] == "[DONE]"
+    last = sse_events(long_body)[-1]
+    assert last != "[DONE]" and json.loads(last)["error"]["code"] == "shutdown"
+    await asyncio.wait_for(stack.task, timeout=6)
+    assert time.monotonic() - started < 1.0 + 5
+    await sim.wait_until(lambda s: s.aborted == 1 and s.active == 0, timeout=1)
+    assert stack.total("gateway_requests_total", outcome="overloaded") == 1
+    assert stack.total("gateway_requests_total", outcome="success") == 1
