@@ -1,0 +1,23 @@
+"""A slow first token (long prefill) must not be timed out, and the client gets SSE comment
+keep-alives meanwhile, so idle-timeout proxies in front do not cut it (RELIABILITY 4)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.live.conftest import StackFactory, chat, content_of, sse_events
+
+pytestmark = pytest.mark.live
+
+
+async def test_pings_while_waiting_for_the_first_token(make_stack: StackFactory) -> None:
+    stack = await make_stack(timeouts={"keepalive_s": 0.2, "idle_s": 5, "first_byte_s": 5})
+    async with httpx.AsyncClient(timeout=10) as client:
+        r = await client.post(stack.base_url + "/v1/chat/completions", json=chat(stream=True, max_tokens=3),
+                              headers={"x-sim-fault": "headers_delay=0;first_token_delay=1.0"})
+    assert r.status_code == 200
+    assert r.content.count(b": ping\n\n") >= 3
+    events = sse_events(r.content)
+    assert events[-1] == "[DONE]" and content_of(events)
+    assert stack.total("gateway_requests_total", outcome="success") == 1
