@@ -34,7 +34,8 @@ logger = logging.getLogger(__name__)
 @dataclass
 class RequestRecord:
     """What reached the simulator, and how it ended: ``outcome`` is active, completed (the whole
-    response was sent), aborted (the client left first), killed (the die fault) or cancelled (stop)."""
+    response was sent), aborted (the client left first), killed (the die fault), cancelled (stop) or
+    error (a bug in the simulator; logged)."""
 
     id: int
     method: str
@@ -179,6 +180,8 @@ class SimServer:
                     break
         except (ClientGone, Killed, ConnectionError):
             pass
+        except Exception:
+            logger.exception("sim: unexpected error; closing the connection")
         except asyncio.CancelledError:
             # stop() cancels us. asyncio's start_server callback calls task.exception() on this task and
             # logs a spurious error if it ends cancelled, so end it normally instead.
@@ -197,17 +200,17 @@ class SimServer:
         probe = req.path in PROBE_PATHS
         record = None if probe else self._record(req)
         conn.watch()
-        outcome = "completed"
+        outcome = "error"  # until proven otherwise; an unexpected exception keeps it
         try:
             try:
-                fault = parse_fault(
-                    req.headers.get(FAULT_HEADER, ""), self._probe_fault if probe else self._fault
-                )
+                fault = parse_fault(req.headers.get(FAULT_HEADER, ""), self._probe_fault if probe else self._fault)
             except FaultSpecError as exc:
                 await self.api.send_error(conn, Fault(), 400, f"{FAULT_HEADER}: {exc}")
+                outcome = "completed"
                 return not conn.close_after
             conn.split = fault.split
             await self._respond(conn, req, fault)
+            outcome = "completed"
         except ClientGone:
             outcome = "aborted"
         except Killed:
@@ -262,17 +265,19 @@ class SimServer:
         prefix cache) and ``POST /sim/fault`` ({"fault": spec, "probe_fault": spec})."""
         body = self.api.parse_body(req) if req.body else {}
         none = Fault()
-        if (req.method, req.path) == ("GET", "/sim/stats"):
+        if isinstance(body, str):
+            await self.api.send_error(conn, none, 400, body)
+        elif (req.method, req.path) == ("GET", "/sim/stats"):
             await self.api.send_json(conn, none, 200, self.stats.to_json())
         elif (req.method, req.path) == ("GET", "/sim/requests"):
             await self.api.send(conn, none, 200, dumps([r.to_json() for r in self.stats.recent]))
-        elif (req.method, req.path) == ("POST", "/sim/reset") and isinstance(body, dict):
+        elif (req.method, req.path) == ("POST", "/sim/reset"):
             self.stats.seen = self.stats.aborted = self.stats.completed = self.stats.killed = 0
             self.stats.recent.clear()
             if body.get("cache"):
                 self.engine.core.cache.clear()
             await self.api.send_json(conn, none, 200, self.stats.to_json())
-        elif (req.method, req.path) == ("POST", "/sim/fault") and isinstance(body, dict):
+        elif (req.method, req.path) == ("POST", "/sim/fault"):
             try:
                 self.set_fault(body.get("fault"), body.get("probe_fault"))
             except FaultSpecError as exc:
@@ -286,7 +291,5 @@ class SimServer:
 async def run_sim(params: SimParams, host: str, port: int) -> None:
     """Serve until cancelled (``gateway sim``)."""
     async with SimServer(params, host, port) as server:
-        logger.info(
-            "sim (%s flavour, model %s) listening on %s", params.flavour, params.model, server.base_url
-        )
+        logger.info("sim (%s flavour, model %s) listening on %s", params.flavour, params.model, server.base_url)
         await asyncio.Event().wait()

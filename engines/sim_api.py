@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
-from http import HTTPStatus
 from typing import Any
 
 from engines.sim_engine import SimEngine
 from engines.sim_faults import Fault
 from engines.sim_flavour_llamacpp import LlamacppFlavour
 from engines.sim_flavours import JsonObj, SglangFlavour, VllmFlavour
-from engines.sim_http import ClientGone, HttpConn, HttpRequest
+from engines.sim_http import ClientGone, HttpConn, HttpRequest, reason_phrase
 from engines.sim_metrics import exposition
 from engines.sim_text import count_tokens, embedding, render_chat
 
@@ -90,7 +89,7 @@ class SimApi:
     async def send_status_fault(self, conn: HttpConn, fault: Fault) -> None:
         status = fault.status or 500
         if fault.body == "html":
-            phrase = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else ""
+            phrase = reason_phrase(status)
             page = f"<html><head><title>{status}</title></head><body><h1>{status} {phrase}</h1></body></html>"
             await self.send(conn, fault, status, page.encode(), "text/html")
             return
@@ -166,12 +165,15 @@ class SimApi:
 
     async def embeddings(self, conn: HttpConn, req: HttpRequest, fault: Fault) -> None:
         body = self.parse_body(req)
-        raw = body.get("input") if isinstance(body, dict) else None
-        if isinstance(body, str) or raw is None or raw == []:
-            await self.send_error(conn, fault, 400, body if isinstance(body, str) else '"input" is required')
+        if isinstance(body, str):
+            await self.send_error(conn, fault, 400, body)
             return
         # A string, a list of strings, or token ids (one list or a list of lists).
-        items = [raw] if isinstance(raw, str) or (isinstance(raw, list) and isinstance(raw[0], int)) else raw
+        raw = body.get("input")
+        items = [raw] if isinstance(raw, str) or (isinstance(raw, list) and raw and type(raw[0]) is int) else raw
+        if not isinstance(items, list) or not items or not all(_embeddable(x) for x in items):
+            await self.send_error(conn, fault, 400, '"input" must be a string, strings, or token ids')
+            return
         texts = [x if isinstance(x, str) else json.dumps(x) for x in items]
         tokens = sum(len(x) if isinstance(x, list) else count_tokens(str(x)) for x in items)
         data = [{"object": "embedding", "embedding": embedding(t), "index": i} for i, t in enumerate(texts)]
@@ -186,3 +188,7 @@ class SimApi:
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
             },
         )
+
+
+def _embeddable(item: Any) -> bool:
+    return isinstance(item, str) or (isinstance(item, list) and all(type(t) is int for t in item))

@@ -51,9 +51,7 @@ def _parse(api: SimApi, body: JsonObj, chat: bool) -> _Parsed | str:
     options = body.get("stream_options")
     include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
     model = body.get("model")
-    return _Parsed(
-        ids, max_tokens, stream, include_usage, model if isinstance(model, str) else api.params.model
-    )
+    return _Parsed(ids, max_tokens, stream, include_usage, model if isinstance(model, str) else api.params.model)
 
 
 def _prompt_ids(prompt: Any) -> list[int]:
@@ -109,9 +107,7 @@ async def completion(api: SimApi, conn: HttpConn, req: HttpRequest, fault: Fault
         api.engine.abort(seq)  # a no-op once finished; stops the work at once when the client left
 
 
-async def _whole(
-    api: SimApi, conn: HttpConn, fault: Fault, g: Gen, seq: SimSequence, event: asyncio.Event
-) -> None:
+async def _whole(api: SimApi, conn: HttpConn, fault: Fault, g: Gen, seq: SimSequence, event: asyncio.Event) -> None:
     loop = asyncio.get_running_loop()
     start = loop.time()
     first = start
@@ -131,9 +127,7 @@ async def _whole(
     await api.send_json(conn, fault, 200, api.flavour.response(g, text, seq.finish_reason or "length"))
 
 
-async def _stream(
-    api: SimApi, conn: HttpConn, fault: Fault, g: Gen, seq: SimSequence, event: asyncio.Event
-) -> None:
+async def _stream(api: SimApi, conn: HttpConn, fault: Fault, g: Gen, seq: SimSequence, event: asyncio.Event) -> None:
     loop = asyncio.get_running_loop()
     start = loop.time()
     first = start

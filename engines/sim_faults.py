@@ -63,9 +63,7 @@ class Fault:
     def retry_after_header(self) -> str | None:
         if self.retry_after is None:
             return None
-        return (
-            str(int(self.retry_after)) if self.retry_after == int(self.retry_after) else str(self.retry_after)
-        )
+        return str(int(self.retry_after)) if self.retry_after == int(self.retry_after) else str(self.retry_after)
 
 
 def parse_fault(spec: str, base: Fault | None = None) -> Fault:
@@ -92,7 +90,7 @@ def _convert(key: str, raw: str) -> Any:
                 raise ValueError
         elif key in _INTS:
             value = int(raw)
-            low = {"die_after": -1, "status": 200, "split": 1}.get(key, 0)
+            low = {"die_after": -1, "status": 200, "split": 1, "tokens": 1}.get(key, 0)
             if value < low or (key == "status" and value > 599):
                 raise ValueError
         elif key in _FLAGS:

@@ -44,8 +44,7 @@ class LlamacppFlavour(VllmFlavour):
         if prompt + 1 > n_ctx:
             body = self.error(
                 400,
-                f"request ({prompt} tokens) exceeds the available context size ({n_ctx} "
-                "tokens), try increasing it",
+                f"request ({prompt} tokens) exceeds the available context size ({n_ctx} tokens), try increasing it",
                 "exceed_context_size_error",
             )
             body["error"] |= {"n_prompt_tokens": prompt, "n_ctx": n_ctx}
@@ -107,11 +106,7 @@ class LlamacppFlavour(VllmFlavour):
         if not g.chat:
             return []
         return [
-            {
-                "choices": [
-                    {"finish_reason": None, "index": 0, "delta": {"role": "assistant", "content": None}}
-                ]
-            }
+            {"choices": [{"finish_reason": None, "index": 0, "delta": {"role": "assistant", "content": None}}]}
             | self._envelope(g, True)
         ]
 

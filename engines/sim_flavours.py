@@ -109,9 +109,7 @@ class VllmFlavour:
         taken to be the same (its API has varied across versions)."""
         try:
             if "messages" in body:
-                text = render_chat(
-                    body["messages"], bool(body.get("add_generation_prompt", True)), body.get("tools")
-                )
+                text = render_chat(body["messages"], bool(body.get("add_generation_prompt", True)), body.get("tools"))
             elif isinstance(body.get("prompt"), str):
                 text = body["prompt"]
             else:

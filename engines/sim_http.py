@@ -51,12 +51,15 @@ class HttpRequest:
         return "keep-alive" in tokens if self.version == "HTTP/1.0" else "close" not in tokens
 
 
-def status_line(status: int) -> bytes:
+def reason_phrase(status: int) -> str:
     try:
-        reason = HTTPStatus(status).phrase
+        return HTTPStatus(status).phrase
     except ValueError:
-        reason = "Unknown"
-    return f"HTTP/1.1 {status} {reason}\r\n".encode()
+        return "Unknown"
+
+
+def status_line(status: int) -> bytes:
+    return f"HTTP/1.1 {status} {reason_phrase(status)}\r\n".encode()
 
 
 class HttpConn:

@@ -274,9 +274,7 @@ class BatchCore:
         self.counters.generation_tokens += len(advanced)
         for seq in advanced:
             seq.generated += 1
-            self.counters.max_seq_tokens = max(
-                self.counters.max_seq_tokens, seq.prompt_tokens + seq.generated
-            )
+            self.counters.max_seq_tokens = max(self.counters.max_seq_tokens, seq.prompt_tokens + seq.generated)
             if seq.generated >= seq.target:
                 seq.state = "finished"
                 seq.finish_reason = "length" if seq.target >= seq.max_tokens else "stop"

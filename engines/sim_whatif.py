@@ -67,9 +67,7 @@ def most_cached(cores: Sequence[BatchCore], seq: SimSequence) -> int:
     )
 
 
-def run_whatif(
-    backends: Sequence[SimParams], requests: Sequence[WhatIfRequest], policy: Policy
-) -> list[WhatIfResult]:
+def run_whatif(backends: Sequence[SimParams], requests: Sequence[WhatIfRequest], policy: Policy) -> list[WhatIfResult]:
     """Simulate every request to completion; results come back in the order of ``requests``."""
     cores = [BatchCore(p) for p in backends]
     step_end: list[float | None] = [None] * len(cores)

@@ -245,7 +245,10 @@ async def test_embeddings(make_sim: SimFactory, client: Client) -> None:
     assert r["object"] == "list" and [d["index"] for d in r["data"]] == [0, 1]
     assert len(r["data"][0]["embedding"]) == 8 and r["data"][0]["embedding"] != r["data"][1]["embedding"]
     assert r["usage"] == {"prompt_tokens": 2, "total_tokens": 2}
-    assert (await client(sim).post("/v1/embeddings", json={"model": "tiny"})).status_code == 400
+    ids = (await client(sim).post("/v1/embeddings", json={"input": [[1, 2, 3], [4]]})).json()
+    assert len(ids["data"]) == 2 and ids["usage"]["prompt_tokens"] == 4
+    for bad in ({"model": "tiny"}, {"input": 5}, {"input": [{"a": 1}]}, {"input": []}):
+        assert (await client(sim).post("/v1/embeddings", json=bad)).status_code == 400
 
 
 async def test_slots_llamacpp(make_sim: SimFactory, client: Client) -> None:
@@ -273,6 +276,7 @@ async def test_control_endpoints_record_what_reached_the_backend(make_sim: SimFa
     assert rec["body"]["max_tokens"] == 1
     stats = (await c.get("/sim/stats")).json()
     assert stats == {"seen": 1, "active": 0, "aborted": 0, "completed": 1, "killed": 0, "waiting": 0, "running": 0}
+    assert (await c.post("/sim/reset", content=b"{")).status_code == 400
     assert (await c.post("/sim/reset")).json()["seen"] == 0
     assert (await c.get("/sim/requests")).json() == []
     assert json.loads((await c.get("/sim/stats")).content)["completed"] == 0

@@ -270,7 +270,7 @@ def test_fault_grammar() -> None:
 @pytest.mark.parametrize(
     "spec",
     ["nope=1", "status=99", "status=600", "die=kill", "body=xml", "split=0", "never=2", "chunk_delay=-1",
-     "headers_delay=nan", "tokens=x", "die_after=-2", "status"],
+     "headers_delay=nan", "tokens=x", "tokens=0", "die_after=-2", "status"],
 )  # fmt: skip
 def test_fault_grammar_rejects(spec: str) -> None:
     with pytest.raises(FaultSpecError):
