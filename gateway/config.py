@@ -38,6 +38,10 @@ class LimitsConfig(_Model):
     max_json_depth: Annotated[int, Field(ge=2, le=10_000)] = 64
     max_n: Annotated[int, Field(ge=1)] = 8
     max_messages: Annotated[int, Field(ge=1)] = 10_000
+    queue_timeout_s: Annotated[float, Field(ge=0)] = 30.0
+    """How long a request may wait for a slot when every backend of its pool is at max_in_flight."""
+    max_queue: Annotated[int, Field(ge=0)] = 1000
+    """Requests waiting for a slot, gateway-wide; past it a request gets 429 at once."""
 
 
 class TimeoutsConfig(_Model):

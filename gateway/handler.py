@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import os
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -29,8 +30,8 @@ from gateway.inbound import Kind, parse_request
 from gateway.lifecycle import Lifecycle
 from gateway.metrics import GatewayMetrics
 from gateway.proxy import Proxy
-from gateway.registry import Registry
-from gateway.router import Router
+from gateway.registry import Backend, Registry
+from gateway.router import Plan, Router
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -85,16 +86,15 @@ class CompletionEndpoint:
             watcher = asyncio.create_task(_watch_disconnect(receive, task, ex))
             plan = self._router.plan(route, inbound, headers)
             ex.pool, ex.rule = plan.pool, plan.rule
-            if not plan.backends:
-                raise NoHealthyBackend(f"No healthy backend can serve route '{route.label}'.", retry_after=5)
-            await self._caps.apply(ex, route, plan.backends[0])
+            backends = await self._admit(plan, route.label)
+            await self._caps.apply(ex, route, backends[0])
             if inbound.stream and not inbound.include_usage and inbound.kind != "embeddings":
                 # Ask for the usage chunk so token counts are exact; the relay strips it again.
                 inbound.body["stream_options"] = {**(inbound.body.get("stream_options") or {}),
                                                   "include_usage": True}
                 inbound.modified = ex.injected_usage = True
             await self._proxy.forward(ex, send, raw, _upstream_headers(headers, ex.request_id),
-                                      plan.backends)
+                                      backends)
         except GatewayError as err:
             if ex.outcome is None:
                 ex.outcome = _outcome_for(err)
@@ -121,6 +121,24 @@ class CompletionEndpoint:
             if usage is not None and ex.outcome == "success":
                 self._caps.learn(ex, usage.get("prompt_tokens") if isinstance(usage.get("prompt_tokens"), int)
                                  else None)
+
+    async def _admit(self, plan: Plan, route: str) -> list[Backend]:
+        """The backends to try; when every one is full, wait in the bounded queue for a slot."""
+        started = time.perf_counter()
+        backends = plan.backends
+        limits = self._config.limits
+        deadline = started + limits.queue_timeout_s
+        saturated = plan.saturated
+        while not backends and saturated and plan.key is not None:
+            left = deadline - time.perf_counter()
+            if not await self._registry.wait_for_slot(plan.pool, left, limits.max_queue):
+                raise Overloaded(f"Every backend of pool '{plan.pool}' is at its concurrency limit.",
+                                 retry_after=1)
+            backends, saturated = self._router.order(plan.pool, plan.key)
+        if not backends:
+            raise NoHealthyBackend(f"No healthy backend can serve route '{route}'.", retry_after=5)
+        self._metrics.queue_wait.labels(route, plan.pool).observe(time.perf_counter() - started)
+        return backends
 
     def _authenticate(self, headers: dict[str, str]) -> None:
         supplied = headers.get("authorization", "")

@@ -3,6 +3,8 @@ and the retry budget. Everything else reads snapshots of it."""
 
 from __future__ import annotations
 
+import asyncio
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -55,6 +57,8 @@ class Registry:
             self.pools[pool_name] = members
         self.total_in_flight = 0
         self.retries_in_flight = 0
+        self._waiters: dict[str, deque[asyncio.Future[None]]] = {name: deque() for name in self.pools}
+        self.queued = 0
 
     def __iter__(self) -> Iterator[Backend]:
         return iter(self.by_name.values())
@@ -79,6 +83,33 @@ class Registry:
     def release(self, backend: Backend) -> None:
         backend.in_flight -= 1
         self.total_in_flight -= 1
+        self._wake(backend.pool)
+
+    def _wake(self, pool: str) -> None:
+        waiters = self._waiters.get(pool)
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    async def wait_for_slot(self, pool: str, timeout_s: float, max_queue: int) -> bool:
+        """Queue FIFO until a backend of `pool` releases a slot; False when the queue is full or
+        the wait timed out. The caller re-plans: the slot is not reserved for it."""
+        if self.queued >= max_queue or timeout_s <= 0:
+            return False
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters[pool].append(waiter)
+        self.queued += 1
+        try:
+            await asyncio.wait_for(waiter, timeout_s)
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            self.queued -= 1
+            if not waiter.done():
+                waiter.cancel()
 
     # Passive health: connect errors and 5xx count; a 4xx is the client's fault, not the backend's.
     def record_failure(self, backend: Backend) -> bool:

@@ -23,6 +23,9 @@ class Plan:
     backends: list[Backend]
     facts: RequestFacts
     fingerprint: tuple[int, ...] = ()
+    key: BalanceKey | None = None
+    saturated: bool = False
+    """Healthy backends exist, but every one is at its max_in_flight: the request may queue."""
 
 
 class Router:
@@ -66,10 +69,18 @@ class Router:
         self._metrics.route_decisions.labels(route.label, decision.pool, decision.rule).inc()
         session = headers.get(self._config.pools[decision.pool].session_header) or inbound.user
         key = BalanceKey(fingerprint=fp, session=session)
-        balancer = self._balancers[decision.pool]
-        ordered = balancer.order(self._registry.candidates(decision.pool, now), key)
+        backends, saturated = self.order(decision.pool, key, now)
+        return Plan(pool=decision.pool, rule=decision.rule, backends=backends, facts=facts, fingerprint=fp,
+                    key=key, saturated=saturated)
+
+    def order(self, pool: str, key: BalanceKey, now: float | None = None) -> tuple[list[Backend], bool]:
+        """The pool's healthy backends with capacity, in the balancer's order; and whether some
+        healthy backend was left out only for being full."""
+        now = time.monotonic() if now is None else now
+        balancer = self._balancers[pool]
+        ordered = balancer.order(self._registry.candidates(pool, now), key)
         by_name = self._registry.by_name
         backends = [by_name[c.name] for c in ordered if self._registry.has_capacity(by_name[c.name])]
         if backends:
-            balancer.learn(fp, backends[0].name, now)
-        return Plan(pool=decision.pool, rule=decision.rule, backends=backends, facts=facts, fingerprint=fp)
+            balancer.learn(key.fingerprint, backends[0].name, now)
+        return backends, bool(ordered) and not backends
