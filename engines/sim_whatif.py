@@ -1,14 +1,19 @@
 """What-if mode: N simulated backends in virtual time, for comparing routing policies without sockets.
 
-Build requests, pick a policy, compare results; a run of thousands of requests takes milliseconds::
+Build requests, pick a policy, compare results; 500 requests on 4 backends take about 0.1 s::
 
     from engines.sim_model import SimParams
-    from engines.sim_whatif import WhatIfRequest, run_whatif, least_running
+    from engines.sim_text import render_chat, tokenize
+    from engines.sim_whatif import WhatIfRequest, least_running, most_cached, run_whatif
 
     params = SimParams.preset("seed")
-    reqs = [WhatIfRequest(arrival_s=i * 0.05, prompt_ids=system + user(i), max_tokens=64) for i in range(500)]
-    results = run_whatif([params] * 4, reqs, least_running)
-    print(sum(r.ttft_s for r in results) / len(results))
+    system = {"role": "system", "content": "You are terse. " * 200}
+    reqs = [WhatIfRequest(arrival_s=i * 0.05, max_tokens=64,
+                          prompt_ids=tokenize(render_chat([system, {"role": "user", "content": f"q{i}"}])))
+            for i in range(500)]
+    for policy in (least_running, most_cached):
+        results = run_whatif([params] * 4, reqs, policy)
+        print(policy.__name__, sum(r.ttft_s for r in results) / len(results))
 
 A policy is ``policy(cores, seq) -> backend index``: it sees each backend's ``BatchCore`` (``running``,
 ``waiting``, ``kv_usage``, ``cached_prefix_tokens(seq.hashes)``) and the new request's ``SimSequence``.
