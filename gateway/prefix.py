@@ -118,8 +118,8 @@ class PrefixVerdict:
     shared: bool
     reason: Literal["seen", "continuation"] | None
     seen: int
-    """Requests in the window whose leading `min_prefix_chars` match this one's, this one included
-    (0 when the prompt is shorter than that)."""
+    """Requests in the window whose leading `min_prefix_chars` match this one's, this one included,
+    counted up to `min_seen` (0 when the prompt is shorter than that)."""
     continued_blocks: int
     """Length in blocks of the earlier request this one extends (0 when none)."""
 
@@ -155,8 +155,8 @@ class PrefixTracker:
     def observe(self, fp: tuple[int, ...], now: float) -> PrefixVerdict:
         """Record one request and judge it. Shared when its leading blocks were seen at least
         `min_seen` times in the window counting this request (so `min_seen: 1` marks every long enough
-        prompt), or when it extends, by at least the leading blocks, an earlier request's whole
-        fingerprint seen in the window (the next turn of a conversation)."""
+        prompt), or when it starts with the whole fingerprint of an earlier request in the window that
+        was itself at least the leading blocks long (the next turn of a conversation, or a retry)."""
         self._expire(now)
         table = self._table
         lead = self._lead_blocks

@@ -110,5 +110,5 @@ def ordered_fallbacks(route: RouteConfig, chosen: str, available: Availability) 
     proxy goes next when `chosen` has no backend left to try."""
     is_available = _is_available(available)
     return [
-        Decision(pool, f"fallback:{pool}") for pool in route.pools if pool != chosen
+        Decision(pool, f"fallback:{pool}") for pool in route.pools if pool != chosen and is_available(pool)
     ]

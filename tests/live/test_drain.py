@@ -23,8 +23,8 @@ async def test_drain_finishes_short_streams_and_cuts_long_ones(make_stack: Stack
 
     async def stream(tokens: int) -> bytes:
         async with httpx.AsyncClient(timeout=30) as client:
-            r = await client.post(stack.base_url + "/v1/chat/completions",
-                                  json=chat(stream=True, max_tokens=tokens), headers={"x-sim-fault": "chunk_delay=0.05"})
+            r = await client.post(stack.base_url + "/v1/chat/completions", json=chat(stream=True, max_tokens=tokens),
+                                  headers={"x-sim-fault": "chunk_delay=0.05"})
             return r.content
 
     short = asyncio.create_task(stream(8))      # ~0.4 s: inside the drain window
