@@ -92,6 +92,16 @@ class Exchange:
             *self.extra_headers,
         ]
 
+    def engine_truncated(self, usage: dict[str, Any]) -> bool:
+        """True when the engine reports far fewer prompt tokens than were sent: it cut the prompt
+        silently (Ollama does). Exact counts are trusted to 10 %; the conservative estimate, to half."""
+        reported = _int(usage.get("prompt_tokens"))
+        if reported is None:
+            return False
+        if self.prompt_exact:
+            return reported < 0.9 * self.prompt_exact
+        return self.prompt_estimate > 256 and reported < 0.5 * self.prompt_estimate
+
     def reported_usage(self) -> dict[str, Any] | None:
         if self.usage is not None:
             return self.usage

@@ -137,6 +137,11 @@ class Proxy:
                                 code="bad_upstream_response") from None
         if isinstance(parsed, dict) and isinstance(parsed.get("usage"), dict):
             ex.usage = parsed["usage"]
+            if ex.engine_truncated(ex.usage):
+                self._metrics.cap_actions.labels(ex.route, "engine_truncated", "usage").inc()
+                expected = ex.prompt_exact or ex.prompt_estimate
+                ex.extra_headers.append((b"x-gateway-engine-truncated-prompt",
+                                         f"{ex.usage.get('prompt_tokens')}/{expected}".encode()))
         ex.status = 200
         ctype = resp.headers.get("content-type", "application/json").encode("latin-1")
         await send({"type": "http.response.start", "status": 200,
