@@ -84,3 +84,30 @@ async def test_client_auth(make_stack: StackFactory) -> None:
         ok = await client.post(url, json=chat(max_tokens=1), headers={"authorization": "Bearer sk-good"})
     assert ok.status_code == 200
     assert "authorization" not in stack.sims["vllm-0"].stats.recent[-1].headers
+
+
+@pytest.mark.slow
+async def test_ten_thousand_random_models_add_no_series(make_stack: StackFactory) -> None:
+    """Issue 6's cardinality check: 10,000 requests with random model names and headers leave the
+    set of exported series exactly as a handful of known requests left it."""
+    stack = await make_stack()
+    url = stack.base_url + "/v1/chat/completions"
+    async with httpx.AsyncClient(limits=httpx.Limits(max_connections=32)) as client:
+        await client.post(url, json=chat(model="nope"))
+        await client.post(url, json=chat(max_tokens=1))
+        before = {line.split(" ")[0] for line in (await client.get(stack.base_url + "/metrics")).text.splitlines()
+                  if line and not line.startswith("#")}
+        rng = random.Random(11)
+        sem = asyncio.Semaphore(32)
+
+        async def one(i: int) -> None:
+            name = "".join(rng.choices(string.ascii_letters + string.digits + "-_.:/", k=rng.randint(1, 200)))
+            async with sem:
+                r = await client.post(url, json=chat(model=name), headers={f"x-h{i % 50}": name})
+            assert r.status_code == 404
+
+        await asyncio.gather(*(one(i) for i in range(10_000)))
+        after = {line.split(" ")[0] for line in (await client.get(stack.base_url + "/metrics")).text.splitlines()
+                 if line and not line.startswith("#")}
+    assert after == before
+    assert stack.total("gateway_requests_total", route="__unknown__") == 10_001
