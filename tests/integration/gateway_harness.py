@@ -1,0 +1,89 @@
+"""Run the gateway in a background thread (its own event loop, a real uvicorn server on a real
+socket) in front of real engines, for the synchronous integration tests."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+
+from gateway.app import Gateway
+from gateway.config import parse_config
+from gateway.server import GatewayServer, uvicorn_config
+
+
+class GatewayThread:
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.config = parse_config(data, env={})
+        self._uv = uvicorn_config(self.config, "127.0.0.1", 0, platform="nvidia_gpu", log_level="warning")
+        self.server = GatewayServer(self._uv)
+        self._thread = threading.Thread(target=self._run, name="gateway", daemon=True)
+        self.base_url = ""
+
+    def _run(self) -> None:
+        asyncio.run(self.server.serve())
+
+    def start(self) -> GatewayThread:
+        self._thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the gateway did not start")
+            time.sleep(0.01)
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        self.base_url = f"http://127.0.0.1:{port}"
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self._thread.join(timeout=15)
+
+    @property
+    def gateway(self) -> Gateway:
+        app = self._uv.loaded_app
+        while not hasattr(app, "state"):
+            app = app.app
+        gw: Gateway = app.state.gateway
+        return gw
+
+    def metric(self, name: str, **labels: str) -> float:
+        total = 0.0
+        for family in self.gateway.metrics.registry.collect():
+            for s in family.samples:
+                if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                    total += s.value
+        return total
+
+
+@contextmanager
+def running_gateway(data: dict[str, Any]) -> Iterator[GatewayThread]:
+    gw = GatewayThread(data).start()
+    try:
+        yield gw
+    finally:
+        gw.stop()
+
+
+def engine_metric(metrics_url: str, name: str) -> float:
+    """Sum of one metric's samples in an engine's own /metrics."""
+    text = httpx.get(metrics_url, timeout=5).text
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and (line[len(name)] in " {"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def wait_for(predicate: Any, timeout: float, interval: float = 0.05) -> float:
+    """Poll until predicate() is true; returns seconds waited, raises TimeoutError."""
+    start = time.monotonic()
+    while not predicate():
+        if time.monotonic() - start > timeout:
+            raise TimeoutError(f"condition not met within {timeout} s")
+        time.sleep(interval)
+    return time.monotonic() - start

@@ -1,0 +1,207 @@
+"""The gateway in front of a REAL llama-server and a REAL vLLM (CPU builds, tiny generated models),
+driven by the official openai client: chat and completions, stream and not, include_usage, context
+caps before the engine, engines' own errors normalised, and disconnects that free the engine."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.integration.gateway_harness import GatewayThread, engine_metric, running_gateway, wait_for
+
+IGNORE_EOS = {"ignore_eos": True}  # random weights: never stop early, so "length" is deterministic
+
+
+@pytest.fixture(scope="module")
+def gateway(llamacpp_server: Any, vllm_server: Any) -> Iterator[GatewayThread]:
+    data = {
+        "health": {"interval_s": 2, "scrape_interval_s": 1},
+        "pools": {
+            "llamacpp": {"engine": "llamacpp", "backends": [{"url": llamacpp_server.base_url, "model": "tiny"}]},
+            "vllm": {"engine": "vllm", "backends": [{"url": vllm_server.base_url, "model": "tiny"}]},
+        },
+        "routes": [
+            {"model": "llama", "pools": ["llamacpp"],
+             "caps": {"max_context_tokens": llamacpp_server.max_context, "default_max_tokens": 16}},
+            {"model": "vllm", "pools": ["vllm"],
+             "caps": {"max_context_tokens": vllm_server.max_context, "default_max_tokens": 16}},
+            {"model": "llama-trunc", "pools": ["llamacpp"],
+             "caps": {"max_context_tokens": 256, "on_exceed": "truncate_oldest", "default_max_tokens": 8}},
+            {"model": "vllm-trunc", "pools": ["vllm"],
+             "caps": {"max_context_tokens": 256, "on_exceed": "truncate_oldest", "default_max_tokens": 8}},
+            {"model": "llama-raw", "pools": ["llamacpp"]},
+            {"model": "vllm-raw", "pools": ["vllm"]},
+        ],
+    }
+    with running_gateway(data) as gw:
+        yield gw
+
+
+@pytest.fixture
+def client(gateway: GatewayThread) -> Iterator[openai.OpenAI]:
+    c = openai.OpenAI(base_url=gateway.base_url + "/v1", api_key="client-key", max_retries=0, timeout=120)
+    yield c
+    c.close()
+
+
+ENGINES = ["llama", "vllm"]
+
+
+@pytest.mark.parametrize("model", ENGINES)
+def test_chat_non_stream(client: openai.OpenAI, model: str) -> None:
+    r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hello there"}],
+                                       max_tokens=6, extra_body=IGNORE_EOS)
+    assert r.choices[0].finish_reason == "length"
+    assert r.usage is not None and r.usage.completion_tokens == 6 and r.usage.prompt_tokens > 0
+
+
+@pytest.mark.parametrize("model", ENGINES)
+def test_chat_stream_with_usage(client: openai.OpenAI, gateway: GatewayThread, model: str) -> None:
+    before = gateway.metric("gateway_output_tokens_total", route=model, source="usage")
+    chunks = list(client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "tell me"}], max_tokens=8, stream=True,
+        stream_options={"include_usage": True}, extra_body=IGNORE_EOS))
+    usage = chunks[-1].usage
+    assert usage is not None and usage.completion_tokens == 8
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text
+    assert gateway.metric("gateway_output_tokens_total", route=model, source="usage") == before + 8
+
+
+@pytest.mark.parametrize("model", ENGINES)
+def test_chat_stream_without_usage_is_still_counted(client: openai.OpenAI, gateway: GatewayThread,
+                                                     model: str) -> None:
+    before = gateway.metric("gateway_output_tokens_total", route=model, source="usage")
+    chunks = list(client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "go"}], max_tokens=5, stream=True,
+        extra_body=IGNORE_EOS))
+    assert all(c.usage is None for c in chunks)  # the usage chunk the gateway asked for is stripped
+    assert gateway.metric("gateway_output_tokens_total", route=model, source="usage") == before + 5
+
+
+@pytest.mark.parametrize("model", ENGINES)
+@pytest.mark.parametrize("stream", [False, True])
+def test_completions(client: openai.OpenAI, model: str, stream: bool) -> None:
+    if stream:
+        chunks = list(client.completions.create(model=model, prompt="once upon a time", max_tokens=4,
+                                                stream=True, extra_body=IGNORE_EOS))
+        assert "".join(c.choices[0].text for c in chunks if c.choices)
+    else:
+        r = client.completions.create(model=model, prompt="once upon a time", max_tokens=4, extra_body=IGNORE_EOS)
+        assert r.usage is not None and r.usage.completion_tokens == 4
+
+
+@pytest.mark.parametrize("model", ["llama", "vllm", "llama-raw", "vllm-raw"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_over_long_prompt_is_context_length_exceeded(client: openai.OpenAI, model: str, stream: bool) -> None:
+    """Capped routes stop it in the gateway; raw routes pass it to the engine, whose own error
+    (vLLM's, llama.cpp's exceed_context_size_error) is normalised to the same body."""
+    with pytest.raises(openai.BadRequestError) as info:
+        r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "word " * 3000}],
+                                           max_tokens=4, stream=stream)
+        if stream:
+            list(r)  # type: ignore[call-overload]
+    assert info.value.code == "context_length_exceeded"
+    assert info.value.status_code == 400
+
+
+@pytest.mark.parametrize(("model", "counter"), [("llama", "llamacpp:prompt_tokens_total"),
+                                                ("vllm", "vllm:prompt_tokens_total")])
+def test_over_cap_never_reaches_the_engine(client: openai.OpenAI, gateway: GatewayThread, model: str,
+                                           counter: str) -> None:
+    server = {"llama": "llamacpp", "vllm": "vllm"}[model]
+    backend = next(iter(gateway.gateway.registry.pools[server]))
+    metrics_url = backend.url + "/metrics"
+    before = engine_metric(metrics_url, counter)
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model=model, messages=[{"role": "user", "content": "word " * 3000}])
+    assert engine_metric(metrics_url, counter) == before
+    assert gateway.metric("gateway_context_cap_total", route=model, action="rejected") >= 1
+
+
+@pytest.mark.parametrize("model", ENGINES)
+def test_just_under_the_cap_passes_and_clamps(client: openai.OpenAI, gateway: GatewayThread, model: str) -> None:
+    cap = gateway.config.route_for(model).caps.max_context_tokens  # type: ignore[union-attr]
+    assert cap is not None
+    # Find a prompt a little under the cap, measured by the engine itself.
+    words = 40
+    while True:
+        r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "word " * words}],
+                                           max_tokens=1, extra_body=IGNORE_EOS)
+        assert r.usage is not None
+        if r.usage.prompt_tokens > cap - 64:
+            break
+        words = int(words * (cap - 40) / r.usage.prompt_tokens)
+    raw = client.chat.completions.with_raw_response.create(
+        model=model, messages=[{"role": "user", "content": "word " * words}], max_tokens=10_000,
+        extra_body=IGNORE_EOS)
+    reply = raw.parse()
+    assert raw.headers["x-gateway-max-tokens-clamped"]
+    assert reply.choices[0].finish_reason == "length"
+    assert reply.usage is not None
+    assert reply.usage.prompt_tokens + reply.usage.completion_tokens <= cap
+
+
+@pytest.mark.parametrize("model", ["llama-trunc", "vllm-trunc"])
+def test_truncate_oldest_fits_and_keeps_the_system_prompt(client: openai.OpenAI, model: str) -> None:
+    messages: list[dict[str, str]] = [{"role": "system", "content": "SYSTEM RULES: be brief"}]
+    for i in range(10):
+        messages += [{"role": "user", "content": f"question {i} " + "word " * 30},
+                     {"role": "assistant", "content": "answer " * 30}]
+    messages.append({"role": "user", "content": "last question"})
+    raw = client.chat.completions.with_raw_response.create(model=model, messages=messages,  # type: ignore[arg-type]
+                                                           max_tokens=4, extra_body=IGNORE_EOS)
+    reply = raw.parse()
+    dropped = int(raw.headers["x-gateway-truncated-messages"])
+    assert 0 < dropped < len(messages) - 2
+    assert reply.usage is not None and reply.usage.prompt_tokens + 4 <= 256
+
+
+def stream_then_leave(gateway: GatewayThread, model: str, read_events: int = 3) -> None:
+    host, port = gateway.base_url.removeprefix("http://").split(":")
+    body = json.dumps({"model": model, "stream": True, "max_tokens": 400, "ignore_eos": True,
+                       "messages": [{"role": "user", "content": "go on"}]}).encode()
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                     + f"content-length: {len(body)}\r\n\r\n".encode() + body)
+        got = b""
+        while got.count(b"data: ") < read_events:
+            chunk = sock.recv(4096)
+            assert chunk
+            got += chunk
+
+
+def test_disconnect_frees_the_llamacpp_slot(gateway: GatewayThread, llamacpp_server: Any) -> None:
+    def busy() -> int:
+        slots = httpx.get(llamacpp_server.base_url + "/slots", timeout=5).json()
+        return sum(1 for s in slots if s.get("is_processing"))
+
+    stream_then_leave(gateway, "llama")
+    waited = wait_for(lambda: busy() == 0, timeout=1.0)
+    assert waited < 1.0
+
+
+def test_disconnect_frees_the_vllm_request(gateway: GatewayThread, vllm_server: Any) -> None:
+    def running() -> float:
+        return engine_metric(vllm_server.metrics_url, "vllm:num_requests_running")
+
+    stream_then_leave(gateway, "vllm")
+    waited = wait_for(lambda: running() == 0, timeout=1.0)
+    assert waited < 1.0
+    wait_for(lambda: gateway.metric("gateway_client_disconnects_total", route="vllm", stage="mid_stream") >= 1, 2)
+
+
+def test_gateway_reads_engine_load(gateway: GatewayThread) -> None:
+    """The scraper turns each engine's own /metrics into gateway_backend_load under our names."""
+    wait_for(lambda: gateway.metric("gateway_backend_scrape_age_seconds") > 0, timeout=5)
+    names = {s.labels["signal"] for f in gateway.gateway.metrics.registry.collect() for s in f.samples
+             if s.name == "gateway_backend_load"}
+    assert {"running", "waiting"} <= names
+    text = httpx.get(gateway.base_url + "/metrics").text
+    assert "vllm:" not in text and "llamacpp:" not in text
