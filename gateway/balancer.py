@@ -18,7 +18,7 @@ WAITING_WEIGHT = 1.0
 KV_WEIGHT = 2.0
 """least_load: a full KV cache weighs like this many requests (it will queue or preempt soon)."""
 AFFINITY_MAX_ENTRIES = 65_536
-"""prefix_affinity: learned block hashes kept (~8 per request, so ~8k recent prompts)."""
+"""prefix_affinity: learned block hashes kept (log2(blocks) + 1 per request: ~10k recent prompts)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,8 +37,9 @@ class BalanceKey:
     """What a balancer may know about the request."""
 
     fingerprint: tuple[int, ...] = ()
+    """The prompt's prefix fingerprint (gateway.prefix.fingerprint); empty when not computed."""
     session: str | None = None
-    now: float = 0.0
+    """The session header's value, else the body's `user`; None when the request has neither."""
 
 
 class Balancer(Protocol):

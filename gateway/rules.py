@@ -109,6 +109,4 @@ def ordered_fallbacks(route: RouteConfig, chosen: str, available: Availability) 
     """The route's other available pools, in config order, each labelled `fallback:<pool>`: where the
     proxy goes next when `chosen` has no backend left to try."""
     is_available = _is_available(available)
-    return [
-        Decision(pool, f"fallback:{pool}") for pool in route.pools if pool != chosen and is_available(pool)
-    ]
+    return [Decision(pool, f"fallback:{pool}") for pool in route.pools if pool != chosen and is_available(pool)]
