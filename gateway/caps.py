@@ -64,37 +64,92 @@ def prompt_size(body: Mapping[str, Any]) -> tuple[int, int, int]:
     return 0, 0, 0
 
 
-class TokenEstimator:
-    """Characters-per-token, learned per (route, model) from the usage responses report.
-    Bounded: at most `max_keys` ratios are kept (LRU)."""
+class _Fit:
+    """A decayed least-squares fit of tokens = a*chars + b*messages + c for one (route, model).
+    b and c are pulled towards the template priors (ridge), so a route whose prompts all have the
+    same number of messages still gets a sensible fit."""
 
-    def __init__(self, max_keys: int = 1024, prior: float = PRIOR_CHARS_PER_TOKEN, weight: float = 0.2) -> None:
-        self._ratios: OrderedDict[tuple[str, str], float] = OrderedDict()
+    __slots__ = ("a", "b", "c", "n", "sxx", "sxy")
+
+    def __init__(self) -> None:
+        self.sxx = [0.0] * 9
+        self.sxy = [0.0] * 3
+        self.n = 0
+        self.a = 1 / PRIOR_CHARS_PER_TOKEN
+        self.b = float(PER_MESSAGE_TOKENS)
+        self.c = float(PER_PROMPT_TOKENS)
+
+    def add(self, chars: int, messages: int, tokens: int, decay: float) -> None:
+        x = (float(chars), float(messages), 1.0)
+        for i in range(3):
+            self.sxy[i] = self.sxy[i] * decay + x[i] * tokens
+            for j in range(3):
+                self.sxx[3 * i + j] = self.sxx[3 * i + j] * decay + x[i] * x[j]
+        self.n += 1
+        if self.n == 1:
+            # One observation: keep the template priors, fit the ratio alone.
+            text = tokens - self.b * messages - self.c
+            if chars >= 32 and text > 0:
+                self.a = min(1 / _MIN_RATIO, max(1 / _MAX_RATIO, text / chars))
+            return
+        ridge = (0.0, 1.0, 1.0)
+        prior = (self.a, float(PER_MESSAGE_TOKENS), float(PER_PROMPT_TOKENS))
+        m = [[*self.sxx[3 * i:3 * i + 3], self.sxy[i] + ridge[i] * prior[i]] for i in range(3)]
+        for i in range(3):
+            m[i][i] += ridge[i]
+        solved = _solve3(m)
+        if solved is not None and 1 / _MAX_RATIO <= solved[0] <= 1 / _MIN_RATIO:
+            self.a, self.b, self.c = solved
+
+
+def _solve3(m: list[list[float]]) -> tuple[float, float, float] | None:
+    """Gaussian elimination with partial pivoting on a 3x4 augmented matrix."""
+    for col in range(3):
+        pivot = max(range(col, 3), key=lambda r: abs(m[r][col]))
+        if abs(m[pivot][col]) < 1e-12:
+            return None
+        m[col], m[pivot] = m[pivot], m[col]
+        for r in range(3):
+            if r != col:
+                f = m[r][col] / m[col][col]
+                m[r] = [a - f * b for a, b in zip(m[r], m[col], strict=True)]
+    return m[0][3] / m[0][0], m[1][3] / m[1][1], m[2][3] / m[2][2]
+
+
+class TokenEstimator:
+    """Prompt tokens from characters and message count, learned per (route, model) from the
+    usage that responses report. Bounded: at most `max_keys` fits are kept (LRU)."""
+
+    def __init__(self, max_keys: int = 1024, decay: float = 0.98) -> None:
+        self._fits: OrderedDict[tuple[str, str], _Fit] = OrderedDict()
         self._max_keys = max_keys
-        self._prior = prior
-        self._weight = weight
+        self._decay = decay
 
     def __len__(self) -> int:
-        return len(self._ratios)
+        return len(self._fits)
 
     def ratio(self, key: tuple[str, str]) -> float:
-        return self._ratios.get(key, self._prior)
+        """Characters per token (of message text) for this key."""
+        fit = self._fits.get(key)
+        return PRIOR_CHARS_PER_TOKEN if fit is None else 1 / fit.a
 
     def estimate(self, key: tuple[str, str], chars: int, messages: int, known: int = 0) -> int:
-        overhead = PER_PROMPT_TOKENS + PER_MESSAGE_TOKENS * messages if messages else 0
-        return known + overhead + int(chars / self.ratio(key) + 0.999)
+        fit = self._fits.get(key)
+        if fit is None:
+            overhead = PER_PROMPT_TOKENS + PER_MESSAGE_TOKENS * messages if messages else 0
+            return known + overhead + int(chars / PRIOR_CHARS_PER_TOKEN + 0.999)
+        if not messages:
+            return known + int(chars * fit.a + 0.999)
+        return known + max(1, int(chars * fit.a + messages * fit.b + fit.c + 0.5))
 
     def learn(self, key: tuple[str, str], chars: int, messages: int, prompt_tokens: int) -> None:
-        overhead = PER_PROMPT_TOKENS + PER_MESSAGE_TOKENS * messages if messages else 0
-        text_tokens = prompt_tokens - overhead
-        if chars < 32 or text_tokens <= 0:
+        if prompt_tokens <= 0 or (chars < 32 and messages == 0):
             return
-        observed = min(_MAX_RATIO, max(_MIN_RATIO, chars / text_tokens))
-        old = self._ratios.pop(key, None)
-        # The first observation replaces the prior outright; later ones are averaged in.
-        self._ratios[key] = observed if old is None else old + self._weight * (observed - old)
-        while len(self._ratios) > self._max_keys:
-            self._ratios.popitem(last=False)
+        fit = self._fits.pop(key, None) or _Fit()
+        fit.add(chars, messages, prompt_tokens, self._decay)
+        self._fits[key] = fit
+        while len(self._fits) > self._max_keys:
+            self._fits.popitem(last=False)
 
 
 Action = Literal["pass", "reject", "clamp", "default", "truncate"]
