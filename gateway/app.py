@@ -23,6 +23,7 @@ from gateway.proxy import Proxy
 from gateway.registry import Registry
 from gateway.router import Router
 from gateway.routes import Endpoints, http_exception
+from gateway.rules import Platform
 from gateway.scraper import LoadScraper
 from gateway.upstream import UpstreamClient
 
@@ -45,7 +46,7 @@ class Gateway:
     lifecycle: Lifecycle
 
 
-def build(config: GatewayConfig, platform: str | None = None) -> Gateway:
+def build(config: GatewayConfig, platform: Platform | None = None) -> Gateway:
     metrics = GatewayMetrics()
     registry = Registry(config)
     upstream = UpstreamClient(config.timeouts)
@@ -62,7 +63,7 @@ def build(config: GatewayConfig, platform: str | None = None) -> Gateway:
     )
 
 
-def create_app(config: GatewayConfig, platform: str | None = None) -> Starlette:
+def create_app(config: GatewayConfig, platform: Platform | None = None) -> Starlette:
     gw = build(config, platform)
 
     @contextlib.asynccontextmanager

@@ -71,9 +71,10 @@ class HealthConfig(_Model):
 
 
 class SharedPrefixConfig(_Model):
-    block_chars: Annotated[int, Field(ge=16)] = 256
+    block_chars: Annotated[int, Field(ge=16)] = 512
+    """Fingerprint block size, in UTF-8 bytes of the canonical prompt."""
     min_prefix_chars: Annotated[int, Field(ge=16)] = 1024
-    min_seen: Annotated[int, Field(ge=1)] = 2
+    min_seen: Annotated[int, Field(ge=1, le=1000)] = 2
     window_s: Annotated[float, Field(gt=0)] = 600.0
     max_entries: Annotated[int, Field(ge=16)] = 65_536
 

@@ -11,14 +11,14 @@ from gateway.inbound import Kind, parse_request
 from gateway.metrics import GatewayMetrics
 from gateway.registry import Registry
 from gateway.router import Router
-from gateway.rules import matches, rule_label
+from gateway.rules import Platform, matches, rule_label
 
 
-def explain(config: GatewayConfig, raw: bytes, kind: str = "chat", platform: str | None = None) -> dict[str, Any]:
+def explain(config: GatewayConfig, raw: bytes, kind: Kind = "chat", platform: Platform | None = None) -> dict[str, Any]:
     from gateway.hostinfo import resolve_platform
 
     try:
-        inbound = parse_request(kind, raw, max_depth=config.limits.max_json_depth,  # type: ignore[arg-type]
+        inbound = parse_request(kind, raw, max_depth=config.limits.max_json_depth,
                                 max_n=config.limits.max_n, max_messages=config.limits.max_messages)
     except GatewayError as exc:
         return {"error": exc.body()["error"]}

@@ -13,7 +13,7 @@ from gateway.inbound import InboundRequest
 from gateway.metrics import GatewayMetrics
 from gateway.prefix import PrefixTracker, canonical_prompt, fingerprint
 from gateway.registry import Backend, Registry
-from gateway.rules import RequestFacts, select_pool
+from gateway.rules import Platform, RequestFacts, select_pool
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +29,8 @@ class Plan:
 
 
 class Router:
-    def __init__(self, config: GatewayConfig, registry: Registry, metrics: GatewayMetrics, platform: str) -> None:
+    def __init__(self, config: GatewayConfig, registry: Registry, metrics: GatewayMetrics,
+                 platform: Platform) -> None:
         self._config = config
         self._registry = registry
         self._metrics = metrics
@@ -43,7 +44,7 @@ class Router:
         )
 
     @property
-    def platform(self) -> str:
+    def platform(self) -> Platform:
         return self._platform
 
     def facts(self, route: RouteConfig, inbound: InboundRequest, headers: dict[str, str],
@@ -55,7 +56,7 @@ class Router:
             shared = self._tracker.observe(fp, now).shared
         facts = RequestFacts(
             model=inbound.model, stream=inbound.stream, has_tools=inbound.has_tools, headers=headers,
-            prompt_tokens=prompt_tokens, shared_prefix=shared, platform=self._platform,  # type: ignore[arg-type]
+            prompt_tokens=prompt_tokens, shared_prefix=shared, platform=self._platform,
         )
         return facts, fp
 

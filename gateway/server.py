@@ -15,6 +15,7 @@ import uvicorn
 
 from gateway.app import create_app
 from gateway.config import GatewayConfig
+from gateway.rules import Platform
 
 
 class GatewayServer(uvicorn.Server):
@@ -44,7 +45,7 @@ class GatewayServer(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
-def uvicorn_config(config: GatewayConfig, host: str, port: int, platform: str | None = None,
+def uvicorn_config(config: GatewayConfig, host: str, port: int, platform: Platform | None = None,
                    log_level: str = "info") -> uvicorn.Config:
     return uvicorn.Config(
         create_app(config, platform), host=host, port=port, loop="uvloop", http="httptools",
@@ -54,7 +55,7 @@ def uvicorn_config(config: GatewayConfig, host: str, port: int, platform: str | 
     )
 
 
-async def serve(config: GatewayConfig, host: str, port: int, platform: str | None = None,
+async def serve(config: GatewayConfig, host: str, port: int, platform: Platform | None = None,
                 log_level: str = "info", started: asyncio.Event | None = None) -> None:
     server = GatewayServer(uvicorn_config(config, host, port, platform, log_level))
     task = asyncio.create_task(server.serve())
