@@ -164,7 +164,8 @@ class Proxy:
             t0 = clock()
             out = observer.feed(first, t0) if first else b""
             if observer.error is not None and not ex.response_started:
-                raise _first_event_error(observer.error, ex.backend_name)
+                assert ex.backend is not None
+                raise _first_event_error(observer.error, ex.backend)
             if not ex.response_started:
                 await self._start_stream(ex, send)
             if out:
@@ -268,19 +269,16 @@ def _retry_after(value: str | None) -> float | None:
         return None
 
 
-def _first_event_error(error: dict[str, Any], backend: str) -> GatewayError:
+def _first_event_error(error: dict[str, Any], backend: Backend) -> GatewayError:
+    """A 200 stream whose first event is an error becomes a proper HTTP error, normalised by the
+    engine's adapter like any other error body (so a context error is still 400)."""
     inner = error.get("error", error)
-    message = inner.get("message") if isinstance(inner, dict) else None
-    if not isinstance(message, str):
-        message = f"Backend {backend} answered with an error event."
     code = inner.get("code") if isinstance(inner, dict) else None
     status = code if isinstance(code, int) and 400 <= code < 600 else 502
-    if status >= 500:
-        return UpstreamError(message, code="upstream_error_event")
-    if status == 408 or status == 504:
-        return UpstreamTimeout(message)
-    return EngineError(message, status=status, type_="invalid_request_error",
-                       code=None if isinstance(code, int) else code)
+    norm = backend.adapter.normalise_error(status, json.dumps(error).encode())
+    if norm.status >= 500:
+        return UpstreamError(norm.message, code="upstream_error_event")
+    return EngineError(norm.message, status=norm.status, type_=norm.type, code=norm.code, param=norm.param)
 
 
 __all__ = ["Proxy", "StreamCut", "UpstreamConnectError"]
