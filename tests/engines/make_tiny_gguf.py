@@ -73,9 +73,7 @@ def build_weights(n_vocab: int, banned: list[bool]) -> dict[str, np.ndarray]:
 def write_gguf(path: Path) -> None:
     tokens, merges = build_vocab()
     banned = banned_token_mask(tokens)
-    token_types = [
-        gguf.TokenType.CONTROL if tok in SPECIAL_TOKENS else gguf.TokenType.NORMAL for tok in tokens
-    ]
+    token_types = [gguf.TokenType.CONTROL if tok in SPECIAL_TOKENS else gguf.TokenType.NORMAL for tok in tokens]
     eot_id = tokens.index("<|endoftext|>")
     im_end_id = tokens.index("<|im_end|>")
 

@@ -86,9 +86,7 @@ class Recorder:
     def _write_json(self, name: str, obj: Any) -> None:
         (self.out / f"{name}.json").write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
 
-    def record(
-        self, name: str, method: str, path: str, body: Any = None, *, raw: bytes | None = None
-    ) -> Reply:
+    def record(self, name: str, method: str, path: str, body: Any = None, *, raw: bytes | None = None) -> Reply:
         reply = request(self.server, method, path, body, raw=raw)
         req: dict[str, Any] = {"method": method, "path": path}
         if raw is not None:
@@ -150,9 +148,7 @@ class OpenStream:
 
     def __init__(self, server: servers.EngineServer, path: str, body: Any) -> None:
         self.conn = http.client.HTTPConnection(server.host, server.port, timeout=60)
-        self.conn.request(
-            "POST", path, body=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
-        )
+        self.conn.request("POST", path, body=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
         self.resp = self.conn.getresponse()
 
     def read_events(self, n: int) -> list[bytes]:
@@ -188,9 +184,7 @@ def common(rec: Recorder) -> None:
     rec.record("models", "GET", "/v1/models")
     chat = {"model": MODEL, "messages": MESSAGES, "max_tokens": 16}
     rec.record("chat", "POST", "/v1/chat/completions", chat)
-    rec.record(
-        "completion", "POST", "/v1/completions", {"model": MODEL, "prompt": "The gateway", "max_tokens": 8}
-    )
+    rec.record("completion", "POST", "/v1/completions", {"model": MODEL, "prompt": "The gateway", "max_tokens": 8})
     rec.record_stream(
         "chat_stream_usage",
         "/v1/chat/completions",
@@ -329,22 +323,16 @@ def measure_llamacpp_disconnect(out: Path, ready_wall: float) -> None:
             conn.sock.shutdown(socket.SHUT_RDWR)
         conn.close()
         nonstream_freed = poll_until(lambda: busy() == 0, timeout=60)
-        predicted = metric_value(
-            request(server, "GET", "/metrics").data.decode(), "llamacpp:tokens_predicted_total"
-        )
+        predicted = metric_value(request(server, "GET", "/metrics").data.decode(), "llamacpp:tokens_predicted_total")
         slots = decode_body(slots_busy)
         measurements = {
             "time_to_ready_s": round(server.ready_seconds, 3),
             "fixture_server_time_to_ready_s": round(ready_wall, 3),
             "stream": {
                 "slot_is_processing_during_stream": [s.get("is_processing") for s in slots],
-                "requests_processing_during_stream": metric_value(
-                    metrics_busy, "llamacpp:requests_processing"
-                ),
+                "requests_processing_during_stream": metric_value(metrics_busy, "llamacpp:requests_processing"),
                 "seconds_until_slot_free_after_disconnect": freed_after,
-                "requests_processing_after_disconnect": metric_value(
-                    metrics_after, "llamacpp:requests_processing"
-                ),
+                "requests_processing_after_disconnect": metric_value(metrics_after, "llamacpp:requests_processing"),
                 "tokens_predicted_total_after_disconnect": metric_value(
                     metrics_after, "llamacpp:tokens_predicted_total"
                 ),
@@ -370,26 +358,20 @@ def record_vllm(out: Path) -> None:
         print(f"vLLM on {server.base_url}, ready in {server.ready_seconds:.2f}s")
         rec.record("version", "GET", "/version")
         common(rec)
-        rec.record(
-            "tokenize_prompt", "POST", "/tokenize", {"model": MODEL, "prompt": "Hello gateway, hello engine."}
-        )
+        rec.record("tokenize_prompt", "POST", "/tokenize", {"model": MODEL, "prompt": "Hello gateway, hello engine."})
         rec.record(
             "tokenize_messages",
             "POST",
             "/tokenize",
             {"model": MODEL, "messages": MESSAGES, "add_generation_prompt": True},
         )
-        tokens = decode_body(
-            request(server, "POST", "/tokenize", {"model": MODEL, "prompt": "Hello gateway"})
-        )
+        tokens = decode_body(request(server, "POST", "/tokenize", {"model": MODEL, "prompt": "Hello gateway"}))
         rec.record("detokenize", "POST", "/detokenize", {"model": MODEL, "tokens": tokens["tokens"]})
         # a repeated long prefix, so that the prefix-cache counters move
         prefix = "the gateway keeps the prefix in its cache " * 30
         for i in range(3):
             msgs = [{"role": "user", "content": prefix + str(i)}]
-            request(
-                server, "POST", "/v1/chat/completions", {"model": MODEL, "messages": msgs, "max_tokens": 4}
-            )
+            request(server, "POST", "/v1/chat/completions", {"model": MODEL, "messages": msgs, "max_tokens": 4})
         rec.record(
             "chat_cached_prefix",
             "POST",

@@ -75,9 +75,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
 
 
 @pytest.fixture(scope="session")
-def llamacpp_server(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Any]:
+def llamacpp_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     _require_engine(request.config, "llamacpp")
     log = tmp_path_factory.mktemp("engines") / "llamacpp-session.log"
     server = servers.start_llamacpp(ctx_per_slot=512, parallel=4, log_path=log)
