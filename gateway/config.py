@@ -30,7 +30,14 @@ class ServerConfig(_Model):
     port: Annotated[int, Field(ge=0, le=65535)] = 4000
     drain_timeout_s: Annotated[float, Field(ge=0)] = 30.0
     api_keys: tuple[SecretStr, ...] = ()
-    """Client keys accepted as `Authorization: Bearer ...`; empty means no client auth."""
+    """Client keys accepted as `Authorization: Bearer ...`; an empty list means no client auth."""
+
+    @model_validator(mode="after")
+    def _no_empty_keys(self) -> ServerConfig:
+        # An unset ${KEY:-} must not silently turn client auth off (or lock every client out).
+        if any(not k.get_secret_value().strip() for k in self.api_keys):
+            raise ValueError("api_keys: a key is empty (is its environment variable set?)")
+        return self
 
 
 class LimitsConfig(_Model):

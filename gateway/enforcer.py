@@ -18,6 +18,7 @@ from gateway.caps import (
 from gateway.config import RouteConfig
 from gateway.errors import ContextLengthExceeded, GatewayError
 from gateway.exchange import Exchange
+from gateway.inbound import InboundRequest
 from gateway.metrics import GatewayMetrics
 from gateway.registry import Backend
 from gateway.upstream import UpstreamClient
@@ -31,6 +32,13 @@ class CapEnforcer:
         self._metrics = metrics
         self._timeout_s = count_timeout_s
         self.estimator = TokenEstimator()
+
+    def routing_estimate(self, route: RouteConfig, inbound: InboundRequest) -> int:
+        """The prompt-token estimate that prompt-size rules see, before a backend is chosen."""
+        if inbound.kind == "embeddings":
+            return 0
+        chars, messages, known = prompt_size(inbound.body)
+        return self.estimator.estimate((route.label, route.upstream_model or inbound.model), chars, messages, known)
 
     async def apply(self, ex: Exchange, route: RouteConfig, backend: Backend) -> None:
         inbound = ex.inbound

@@ -7,12 +7,12 @@ every stage and cancel the upstream work at once."""
 from __future__ import annotations
 
 import asyncio
-import hmac
 import os
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from gateway.auth import ClientAuth
 from gateway.config import GatewayConfig
 from gateway.enforcer import CapEnforcer
 from gateway.errors import (
@@ -22,7 +22,6 @@ from gateway.errors import (
     NoHealthyBackend,
     Overloaded,
     PayloadTooLarge,
-    Unauthorized,
     UpstreamTimeout,
 )
 from gateway.exchange import Exchange
@@ -57,7 +56,7 @@ class CompletionEndpoint:
         self._caps = caps
         self._proxy = proxy
         self._metrics = metrics
-        self._keys = [k.get_secret_value().encode() for k in config.server.api_keys]
+        self._auth = ClientAuth([k.get_secret_value() for k in config.server.api_keys])
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = _headers(scope)
@@ -69,8 +68,7 @@ class CompletionEndpoint:
         try:
             if self._lifecycle.draining:
                 raise NoHealthyBackend("The gateway is shutting down.", code="draining", retry_after=1)
-            if self._keys:
-                self._authenticate(headers)
+            self._auth.check(headers.get("authorization"))
             raw = await _read_body(receive, headers, self._config.limits.max_body_bytes)
             if raw is None:
                 ex.disconnect_stage = "before_backend"
@@ -84,7 +82,7 @@ class CompletionEndpoint:
                                     param="model")
             ex.route, ex.inbound, ex.upstream_model = route.label, inbound, route.upstream_model
             watcher = asyncio.create_task(_watch_disconnect(receive, task, ex))
-            plan = self._router.plan(route, inbound, headers)
+            plan = self._router.plan(route, inbound, headers, self._caps.routing_estimate(route, inbound))
             ex.pool, ex.rule = plan.pool, plan.rule
             backends = await self._admit(plan, route.label)
             await self._caps.apply(ex, route, backends[0])
@@ -139,17 +137,6 @@ class CompletionEndpoint:
             raise NoHealthyBackend(f"No healthy backend can serve route '{route}'.", retry_after=5)
         self._metrics.queue_wait.labels(route, plan.pool).observe(time.perf_counter() - started)
         return backends
-
-    def _authenticate(self, headers: dict[str, str]) -> None:
-        supplied = headers.get("authorization", "")
-        token = supplied[7:].strip().encode() if supplied[:7].lower() == "bearer " else b""
-        # Compare against every key so the time taken does not say which one nearly matched.
-        ok = False
-        for key in self._keys:
-            ok |= hmac.compare_digest(token, key)
-        if not ok:
-            raise Unauthorized("Missing or invalid API key.")
-
 
 async def _watch_disconnect(receive: Receive, task: asyncio.Task[Any], ex: Exchange) -> None:
     """Runs beside the request; when the client goes, cancel the request's task so that the

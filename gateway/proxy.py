@@ -40,13 +40,16 @@ class StreamCut(Exception):
 
 class Proxy:
     def __init__(self, registry: Registry, upstream: UpstreamClient, metrics: GatewayMetrics,
-                 max_attempts: int, idle_s: float, keepalive_s: float) -> None:
+                 max_attempts: int, idle_s: float, keepalive_s: float, first_byte_s: float) -> None:
         self._registry = registry
         self._upstream = upstream
         self._metrics = metrics
         self._max_attempts = max_attempts
         self._idle_s = idle_s
         self._keepalive_s = keepalive_s
+        # The first token may take as long as the first byte may: engines that stream send their
+        # headers at once, so a long prefill shows up as a wait for the first chunk.
+        self._first_token_s = first_byte_s
 
     async def forward(self, ex: Exchange, send: Send, body: bytes, headers: dict[str, str],
                       order: Sequence[Backend]) -> None:
@@ -124,7 +127,7 @@ class Proxy:
 
     async def _relay_body(self, ex: Exchange, send: Send, resp: aiohttp.ClientResponse) -> None:
         try:
-            async with asyncio.timeout(self._idle_s):
+            async with asyncio.timeout(max(self._idle_s, self._first_token_s)):
                 raw = await resp.read()
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             resp.close()
@@ -213,25 +216,29 @@ class Proxy:
     async def _first_chunk(self, ex: Exchange, send: Send, content: aiohttp.StreamReader) -> bytes:
         """Wait for the first chunk, holding back the client's headers so that an error there can
         still become a proper HTTP error; past keepalive_s, start the stream and ping instead."""
-        if self._keepalive_s <= 0:
-            async with asyncio.timeout(self._idle_s):
-                return await content.readany()
-        read = asyncio.ensure_future(content.readany())
-        waited = 0.0
+        limit = self._first_token_s
         try:
-            while True:
-                done, _ = await asyncio.wait((read,), timeout=self._keepalive_s)
-                if done:
-                    return read.result()
-                waited += self._keepalive_s
-                if waited >= self._idle_s:
-                    raise TimeoutError
-                if not ex.response_started:
-                    await self._start_stream(ex, send)
-                await send({"type": "http.response.body", "body": _PING, "more_body": True})
-        finally:
-            if not read.done():
-                read.cancel()
+            if self._keepalive_s <= 0:
+                async with asyncio.timeout(limit):
+                    return await content.readany()
+            read = asyncio.ensure_future(content.readany())
+            deadline = asyncio.get_running_loop().time() + limit
+            try:
+                while True:
+                    left = deadline - asyncio.get_running_loop().time()
+                    if left <= 0:
+                        raise TimeoutError
+                    done, _ = await asyncio.wait((read,), timeout=min(self._keepalive_s, left))
+                    if done:
+                        return read.result()
+                    if not ex.response_started:
+                        await self._start_stream(ex, send)
+                    await send({"type": "http.response.body", "body": _PING, "more_body": True})
+            finally:
+                if not read.done():
+                    read.cancel()
+        except TimeoutError:
+            raise StreamCut("timeout_ttfb", f"Backend {ex.backend_name} sent no first token in time.") from None
 
     async def _start_stream(self, ex: Exchange, send: Send) -> None:
         ex.status = 200
@@ -243,10 +250,12 @@ class Proxy:
         """A stream that broke after the client got its headers: one error event, and no
         [DONE], so the client can tell a cut-off answer from a finished one."""
         ex.outcome = cut.outcome
-        kind = "timeout_idle" if cut.outcome == "timeout_idle" else "midstream"
+        kind = cut.outcome if cut.outcome in ("timeout_idle", "timeout_ttfb") else "midstream"
         if ex.backend is not None:
             self._metrics.upstream_errors.labels(ex.pool, ex.backend_name, kind).inc()
         if not ex.response_started:
+            if cut.outcome == "timeout_ttfb":
+                raise UpstreamTimeout(cut.message)
             raise UpstreamError(cut.message, code="upstream_disconnected")
         event = {"error": {"message": cut.message, "type": "upstream_error", "param": None,
                            "code": cut.outcome}}

@@ -68,7 +68,7 @@ class Router:
         if decision is None:
             return Plan(pool=route.pools[0], rule="none", backends=[], facts=facts, fingerprint=fp)
         self._metrics.route_decisions.labels(route.label, decision.pool, decision.rule).inc()
-        session = headers.get(self._config.pools[decision.pool].session_header) or inbound.user
+        session = headers.get(self._config.pools[decision.pool].session_header.lower()) or inbound.user
         key = BalanceKey(fingerprint=fp, session=session)
         backends, saturated = self.order(decision.pool, key, now)
         return Plan(pool=decision.pool, rule=decision.rule, backends=backends, facts=facts, fingerprint=fp,

@@ -12,6 +12,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from gateway.auth import ClientAuth
 from gateway.config import GatewayConfig
 from gateway.errors import GatewayError, MethodNotAllowed, NotFound
 from gateway.handler import CompletionEndpoint
@@ -31,12 +32,17 @@ class Endpoints:
                  scraper: LoadScraper, lifecycle: Lifecycle) -> None:
         self._config = config
         self._lifecycle = lifecycle
+        self._auth = ClientAuth([k.get_secret_value() for k in config.server.api_keys])
         self._registry = registry
         self._metrics = metrics
         self._scraper = scraper
         self._created = int(time.time())
 
     async def models(self, request: Request) -> Response:
+        try:
+            self._auth.check(request.headers.get("authorization"))
+        except GatewayError as err:
+            return error_response(err)
         data = [
             {"id": r.model, "object": "model", "created": self._created, "owned_by": "gateway"}
             for r in self._config.routes if not r.is_glob

@@ -82,6 +82,10 @@ async def test_client_auth(make_stack: StackFactory) -> None:
             err = shaped(await client.post(url, json=chat(), headers=headers), 401)
             assert "sk-bad" not in str(err["message"])
         ok = await client.post(url, json=chat(max_tokens=1), headers={"authorization": "Bearer sk-good"})
+        shaped(await client.get(stack.base_url + "/v1/models"), 401)
+        models = await client.get(stack.base_url + "/v1/models", headers={"authorization": "Bearer sk-good"})
+        assert models.status_code == 200
+        assert (await client.get(stack.base_url + "/healthz")).status_code == 200  # probes stay open
     assert ok.status_code == 200
     assert "authorization" not in stack.sims["vllm-0"].stats.recent[-1].headers
 

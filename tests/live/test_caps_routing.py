@@ -121,3 +121,12 @@ async def test_fallback_pool_when_the_chosen_one_is_down(make_stack: StackFactor
     r = await post(stack.base_url, chat(max_tokens=1))
     assert r.status_code == 200
     assert r.headers["x-gateway-pool"] == "sglang" and r.headers["x-gateway-rule"] == "fallback:sglang"
+
+
+async def test_prompt_size_rules_see_the_estimate(make_stack: StackFactory) -> None:
+    pools = {"small": [sim_params()], "big": [sim_params()]}
+    routes = [{"model": "tiny", "pools": ["small", "big"], "rules": [
+        {"name": "long", "when": {"min_prompt_tokens": 200}, "pool": "big"}, {"name": "short", "pool": "small"}]}]
+    stack = await make_stack(pools=pools, routes=routes)
+    assert (await post(stack.base_url, chat(content="word " * 400, max_tokens=1))).headers["x-gateway-rule"] == "long"
+    assert (await post(stack.base_url, chat(content="hi", max_tokens=1))).headers["x-gateway-rule"] == "short"

@@ -68,3 +68,8 @@ def test_frozen() -> None:
     config = parse_config(MINIMAL, env={})
     with pytest.raises(Exception):  # noqa: B017 - pydantic raises ValidationError on frozen models
         config.server.port = 1  # type: ignore[misc]
+
+
+def test_an_empty_client_key_is_an_error_not_open_access() -> None:
+    with pytest.raises(ConfigError, match="api_keys"):
+        parse_config({**MINIMAL, "server": {"api_keys": ["${KEY:-}"]}}, env={})
