@@ -14,9 +14,12 @@ import pytest
 from gateway.caps import prompt_size
 from tests.integration.gateway_harness import GatewayThread, running_gateway
 
-WORDS = ("the model routes each request to a backend that holds its prefix in the cache while the "
-         "gateway counts tokens learns ratios and keeps memory bounded under load with many users "
-         "asking about weather code poems numbers 42 3.14 and names like Ada Lovelace").split()
+SENTENCE = (
+    "the model routes each request to a backend that holds its prefix in the cache while the gateway counts "
+    "tokens learns ratios and keeps memory bounded under load with many users asking about weather code poems "
+    "numbers 42 3.14 and names like Ada Lovelace"
+)
+WORDS = SENTENCE.split(" ")
 
 
 def prompt(rng: random.Random) -> list[dict[str, str]]:

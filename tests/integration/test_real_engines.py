@@ -71,7 +71,8 @@ def test_chat_stream_with_usage(client: openai.OpenAI, gateway: GatewayThread, m
     assert usage is not None and usage.completion_tokens == 8
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text
-    assert gateway.metric("gateway_output_tokens_total", route=model, source="usage") == before + 8
+    # The client can see [DONE] a moment before the gateway's finish step has counted it.
+    wait_for(lambda: gateway.metric("gateway_output_tokens_total", route=model, source="usage") == before + 8, 2)
 
 
 @pytest.mark.parametrize("model", ENGINES)
@@ -82,7 +83,7 @@ def test_chat_stream_without_usage_is_still_counted(client: openai.OpenAI, gatew
         model=model, messages=[{"role": "user", "content": "go"}], max_tokens=5, stream=True,
         extra_body=IGNORE_EOS))
     assert all(c.usage is None for c in chunks)  # the usage chunk the gateway asked for is stripped
-    assert gateway.metric("gateway_output_tokens_total", route=model, source="usage") == before + 5
+    wait_for(lambda: gateway.metric("gateway_output_tokens_total", route=model, source="usage") == before + 5, 2)
 
 
 @pytest.mark.parametrize("model", ENGINES)
@@ -163,38 +164,56 @@ def test_truncate_oldest_fits_and_keeps_the_system_prompt(client: openai.OpenAI,
     assert reply.usage is not None and reply.usage.prompt_tokens + 4 <= 256
 
 
-def stream_then_leave(gateway: GatewayThread, model: str, read_events: int = 3) -> None:
+def stream_then_leave(gateway: GatewayThread, model: str, max_tokens: int, engine_busy: Any) -> None:
+    """Start a long stream through the gateway, check the engine is working on it, then vanish."""
     host, port = gateway.base_url.removeprefix("http://").split(":")
-    body = json.dumps({"model": model, "stream": True, "max_tokens": 400, "ignore_eos": True,
+    body = json.dumps({"model": model, "stream": True, "max_tokens": max_tokens, "ignore_eos": True,
                        "messages": [{"role": "user", "content": "go on"}]}).encode()
     with socket.create_connection((host, int(port))) as sock:
         sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
                      + f"content-length: {len(body)}\r\n\r\n".encode() + body)
         got = b""
-        while got.count(b"data: ") < read_events:
+        while got.count(b"data: ") < 3:
             chunk = sock.recv(4096)
             assert chunk
             got += chunk
+        assert engine_busy(), "the engine finished before the client left; the test proves nothing"
 
 
-def test_disconnect_frees_the_llamacpp_slot(gateway: GatewayThread, llamacpp_server: Any) -> None:
-    def busy() -> int:
-        slots = httpx.get(llamacpp_server.base_url + "/slots", timeout=5).json()
-        return sum(1 for s in slots if s.get("is_processing"))
+def test_disconnect_frees_the_llamacpp_slot(gateway: GatewayThread, engine_launcher: Any) -> None:
+    # Big slots, so that a generation lasts long enough to leave in the middle of it.
+    server = engine_launcher("llamacpp", ctx_per_slot=8192, parallel=1)
+    data = {"pools": {"p": {"engine": "llamacpp", "backends": [{"url": server.base_url, "model": "tiny"}]}},
+            "routes": [{"model": "big", "pools": ["p"]}]}
 
-    stream_then_leave(gateway, "llama")
-    waited = wait_for(lambda: busy() == 0, timeout=1.0)
-    assert waited < 1.0
+    def busy() -> bool:
+        slots = httpx.get(server.base_url + "/slots", timeout=5).json()
+        return any(s.get("is_processing") for s in slots)
+
+    with running_gateway(data) as gw:
+        stream_then_leave(gw, "big", 8000, busy)
+        waited = wait_for(lambda: not busy(), timeout=1.0)
+        assert waited < 1.0
+        wait_for(lambda: gw.metric("gateway_client_disconnects_total", stage="mid_stream") >= 1, 2)
 
 
 def test_disconnect_frees_the_vllm_request(gateway: GatewayThread, vllm_server: Any) -> None:
+    """vLLM's running gauge is not a reliable witness mid-stream (it can read 0 while a request
+    runs), so the proof is its token counter: it stops short of max_tokens and stays put."""
     def running() -> float:
         return engine_metric(vllm_server.metrics_url, "vllm:num_requests_running")
 
-    stream_then_leave(gateway, "vllm")
+    def generated() -> float:
+        return engine_metric(vllm_server.metrics_url, "vllm:generation_tokens_total")
+
+    before = generated()
+    stream_then_leave(gateway, "vllm", 1000, lambda: True)
     waited = wait_for(lambda: running() == 0, timeout=1.0)
     assert waited < 1.0
+    settled = generated()
     wait_for(lambda: gateway.metric("gateway_client_disconnects_total", route="vllm", stage="mid_stream") >= 1, 2)
+    assert generated() == settled          # nothing more is generated for the client who left
+    assert settled - before < 1000         # and the request was cut short of its max_tokens
 
 
 def test_gateway_reads_engine_load(gateway: GatewayThread) -> None:
