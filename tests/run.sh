@@ -22,7 +22,7 @@ if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then
     fi
 fi
 # Debian's package may start its own server; the tests start their own, so stop that one.
-pkill -x prometheus 2>/dev/null || true
+pkill -u prometheus -x prometheus 2>/dev/null || true
 
 say "real engines (cached)"
 bash tests/engines/setup.sh all
