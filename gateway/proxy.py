@@ -4,6 +4,7 @@ bytes, and leave the outcome on the Exchange for the finish step."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
@@ -259,8 +260,12 @@ class Proxy:
             raise UpstreamError(cut.message, code="upstream_disconnected")
         event = {"error": {"message": cut.message, "type": "upstream_error", "param": None,
                            "code": cut.outcome}}
-        await send({"type": "http.response.body",
-                    "body": b"data: " + json.dumps(event).encode() + b"\n\n", "more_body": False})
+        # A client that stopped reading (the reason the stream stalled, perhaps) must not hold this
+        # task forever: give the last event a few seconds, then let uvicorn close the connection.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(5):
+                await send({"type": "http.response.body",
+                            "body": b"data: " + json.dumps(event).encode() + b"\n\n", "more_body": False})
 
 
 def headers_for(base: dict[str, str], backend: Backend) -> dict[str, str]:
