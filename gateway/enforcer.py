@@ -129,7 +129,7 @@ class CapEnforcer:
         messages = body.get("messages") if isinstance(body.get("messages"), list) else None
         prompt = body.get("prompt") if isinstance(body.get("prompt"), str) else None
         adapter = backend.adapter
-        headers = {"authorization": f"Bearer {backend.api_key}"} if backend.api_key else {}
+        headers = backend.auth_headers()
         answers: list[Any] = []
         try:
             calls = list(adapter.tokenize_calls(model, messages, prompt))

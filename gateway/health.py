@@ -24,7 +24,7 @@ class HealthChecker:
         self._config = config
 
     async def check(self, backend: Backend) -> bool:
-        headers = {"authorization": f"Bearer {backend.api_key}"} if backend.api_key else {}
+        headers = backend.auth_headers()
         try:
             status, _ = await self._upstream.get(backend.url + backend.adapter.health_path, headers,
                                                  self._config.timeout_s, backend.name, max_bytes=64 * 1024)

@@ -271,7 +271,7 @@ class Proxy:
 def headers_for(base: dict[str, str], backend: Backend) -> dict[str, str]:
     if backend.api_key is None:
         return base
-    return {**base, "authorization": f"Bearer {backend.api_key}"}
+    return {**base, **backend.auth_headers()}
 
 
 def _retry_after(value: str | None) -> float | None:

@@ -31,6 +31,10 @@ class Backend:
     load: EngineLoad | None = None
     labels: dict[str, str] = field(default_factory=dict)
 
+    def auth_headers(self) -> dict[str, str]:
+        """The backend's own key, for every call the gateway makes to it."""
+        return {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
     def candidate(self, now: float, stale_s: float) -> Candidate:
         fresh = self.load is not None and now - self.load.scraped_at <= stale_s
         return Candidate(name=self.name, in_flight=self.in_flight, load=self.load, load_fresh=fresh,

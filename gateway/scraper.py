@@ -28,7 +28,7 @@ class LoadScraper:
         path = backend.adapter.metrics_path
         if not path:
             return
-        headers = {"authorization": f"Bearer {backend.api_key}"} if backend.api_key else {}
+        headers = backend.auth_headers()
         try:
             status, raw = await self._upstream.get(backend.url + path, headers, self._config.timeout_s,
                                                    backend.name)
