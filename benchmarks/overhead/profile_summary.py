@@ -59,6 +59,16 @@ def layer_of(func: str, path: str) -> str:
     return f"other: {path}" if path else "other"
 
 
+def _package_layer(path: str) -> str | None:
+    """The library a frame belongs to, for the inclusive-by-library table."""
+    top = path.split("/", 1)[0]
+    if top in ("aiohttp", "prometheus_client", "json", "logging", "yarl", "multidict"):  # not the wrappers
+        return top
+    if path.startswith("asyncio/timeouts.py"):
+        return "asyncio.timeout"
+    return None
+
+
 def short(func: str, path: str) -> str:
     return f"{path}:{func}"
 
@@ -68,6 +78,7 @@ def summarise(path: Path, top: int) -> str:
     self_func: Counter[str] = Counter()
     incl_gateway: Counter[str] = Counter()
     incl_any: Counter[str] = Counter()
+    incl_layer: Counter[str] = Counter()
     total = idle = 0
     for line in path.read_text(errors="replace").splitlines():
         stack, _, count = line.rpartition(" ")
@@ -82,6 +93,9 @@ def summarise(path: Path, top: int) -> str:
         total += n
         self_layer[layer_of(func, file)] += n
         self_func[short(func, file)] += n
+        for layer in {_package_layer(file) for _, file in frames}:
+            if layer is not None:
+                incl_layer[layer] += n
         seen: set[str] = set()
         for func, file in frames:
             key = short(func, file)
@@ -98,6 +112,9 @@ def summarise(path: Path, top: int) -> str:
     out = [f"## {path.stem}: {total:,} samples{note}", "", "Self time by layer:", "",
            "| layer | share |", "|---|---:|"]
     out += [f"| {k} | {v / total:.1%} |" for k, v in self_layer.most_common()]
+    out += ["", "Inclusive time by library (samples with any frame in it; callees included, so these overlap):",
+            "", "| library | share |", "|---|---:|"]
+    out += [f"| {k} | {v / total:.1%} |" for k, v in incl_layer.most_common()]
     out += ["", "Inclusive time of gateway functions (callees included):", "", "| function | share |", "|---|---:|"]
     out += [f"| {k} | {v / total:.1%} |" for k, v in incl_gateway.most_common(top)]
     out += ["", "Inclusive time, any function (top):", "", "| function | share |", "|---|---:|"]
