@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.types import Receive, Scope, Send
 
 from gateway.config import GatewayConfig
 from gateway.enforcer import CapEnforcer
@@ -64,7 +65,7 @@ def build(config: GatewayConfig, platform: Platform | None = None) -> Gateway:
     )
 
 
-def create_app(config: GatewayConfig, platform: Platform | None = None) -> Starlette:
+def create_app(config: GatewayConfig, platform: Platform | None = None) -> GatewayApp:
     gw = build(config, platform)
 
     @contextlib.asynccontextmanager
@@ -89,4 +90,23 @@ def create_app(config: GatewayConfig, platform: Platform | None = None) -> Starl
     routes = Endpoints(config, gw.registry, gw.metrics, gw.scraper, gw.lifecycle).routes(endpoints)
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_exception})
     app.state.gateway = gw
-    return app
+    return GatewayApp(app, {e.path: e for e in endpoints})
+
+
+class GatewayApp:
+    """The ASGI entry point. The completion paths go straight to their endpoint, skipping
+    Starlette's middleware and routing (~17 us a request, measured); everything else, lifespan
+    included, goes through Starlette."""
+
+    def __init__(self, app: Starlette, fast: dict[str, CompletionEndpoint]) -> None:
+        self.app = app
+        self.state = app.state
+        self._fast = fast
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            endpoint = self._fast.get(scope["path"])
+            if endpoint is not None:
+                await endpoint(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

@@ -86,6 +86,10 @@ class _Fit:
             for j in range(3):
                 self.sxx[3 * i + j] = self.sxx[3 * i + j] * decay + x[i] * x[j]
         self.n += 1
+        # Solving is ~10 us; the sums are O(1). Re-solve every time while the fit is young, then
+        # every 16th observation: the decayed fit moves slowly by then.
+        if self.n > 32 and self.n % 16:
+            return
         if self.n == 1:
             # One observation: keep the template priors, fit the ratio alone.
             text = tokens - self.b * messages - self.c

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import sys
@@ -27,7 +26,7 @@ def _load(path: str) -> GatewayConfig | None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from gateway.server import configure_logging, serve
+    from gateway.server import configure_logging, run, serve
 
     config = _load(args.config)
     if config is None:
@@ -35,7 +34,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
     host = args.host or config.server.host
     port = config.server.port if args.port is None else args.port
-    asyncio.run(serve(config, host, port, log_level=args.log_level))
+    run(serve(config, host, port, log_level=args.log_level))
     return 0
 
 
@@ -71,7 +70,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 def cmd_sim(args: argparse.Namespace) -> int:
     from engines.sim import SimParams, run_sim
-    from gateway.server import configure_logging
+    from gateway.server import configure_logging, run
 
     configure_logging(args.log_level)
     overrides = {"flavour": args.flavour, "model": args.model}
@@ -83,17 +82,17 @@ def cmd_sim(args: argparse.Namespace) -> int:
     print(f"simulated {args.flavour} engine (a simulator, not a real engine) on "
           f"http://{args.host}:{args.port}, model {args.model!r}, preset {args.preset!r}", flush=True)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run_sim(params, args.host, args.port))
+        run(run_sim(params, args.host, args.port))
     return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from gateway.demo import run_demo
-    from gateway.server import configure_logging
+    from gateway.server import configure_logging, run
 
     configure_logging(args.log_level)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run_demo(args.host, args.port, log_level=args.log_level))
+        run(run_demo(args.host, args.port, log_level=args.log_level))
     return 0
 
 

@@ -59,7 +59,7 @@ class Exchange:
     def set_backend(self, backend: Backend) -> None:
         self.backend = backend
         self.backend_name = backend.name
-        self._gauge = self.metrics.in_flight.labels(self.route, self.pool, backend.name)
+        self._gauge = self.metrics.child(self.metrics.in_flight, self.route, self.pool, backend.name)
 
     def in_flight_gauge(self) -> Gauge:
         assert self._gauge is not None
@@ -67,7 +67,7 @@ class Exchange:
 
     def mark_sent(self) -> None:
         self.sent_at = time.perf_counter()
-        self.metrics.overhead.labels(self.route).observe(self.sent_at - self.started)
+        self.metrics.child(self.metrics.overhead, self.route).observe(self.sent_at - self.started)
 
     def upstream_body(self, raw: bytes, backend: Backend) -> bytes:
         """The client's bytes when nothing changed; otherwise the body re-encoded once per
@@ -113,10 +113,10 @@ class Exchange:
         m = self.metrics
         outcome = self.outcome or "client_closed"
         labels = (self.route, self.pool, self.backend_name)
-        m.requests.labels(*labels, outcome).inc()
+        m.child(m.requests, *labels, outcome).inc()
         duration = now - self.started
         if self.sent_at is not None:
-            m.duration.labels(*labels).observe(duration)
+            m.child(m.duration, *labels).observe(duration)
         obs = self.observer
         usage = self.reported_usage()
         completion = prompt = None
@@ -129,24 +129,24 @@ class Exchange:
         if prompt is None and self.sent_at is not None:
             prompt = self.prompt_estimate
         if completion:
-            m.output_tokens.labels(*labels, source).inc(completion)
+            m.child(m.output_tokens, *labels, source).inc(completion)
         if prompt and self.sent_at is not None:
-            m.prompt_tokens.labels(*labels, "usage" if usage is not None else "estimated").inc(prompt)
+            m.child(m.prompt_tokens, *labels, "usage" if usage is not None else "estimated").inc(prompt)
         if obs is not None and obs.first_token_at is not None:
-            m.ttft.labels(*labels).observe(obs.first_token_at - self.started)
+            m.child(m.ttft, *labels).observe(obs.first_token_at - self.started)
             if obs.gaps:
-                itl = m.itl.labels(*labels)
+                itl = m.child(m.itl, *labels)
                 for gap in obs.gaps:
                     itl.observe(gap)
             decode = (obs.last_token_at or obs.first_token_at) - obs.first_token_at
             if completion and completion > 1 and decode > 0:
                 # The first token belongs to prefill; decode speed counts the ones after it.
-                m.request_tps.labels(*labels).observe((completion - 1) / decode)
+                m.child(m.request_tps, *labels).observe((completion - 1) / decode)
         if outcome == "client_closed":
             stage = self.disconnect_stage or "before_backend"
-            m.client_disconnects.labels(*labels, stage).inc()
+            m.child(m.client_disconnects, *labels, stage).inc()
             if completion:
-                m.wasted_tokens.labels(*labels).inc(completion)
+                m.child(m.wasted_tokens, *labels).inc(completion)
         if log.isEnabledFor(logging.INFO):
             ttft = obs.first_token_at - self.started if obs and obs.first_token_at else None
             log.info(

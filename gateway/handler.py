@@ -7,6 +7,8 @@ every stage and cancel the upstream work at once."""
 from __future__ import annotations
 
 import asyncio
+import itertools
+import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -32,6 +34,9 @@ from gateway.proxy import Proxy
 from gateway.registry import Backend, Registry
 from gateway.router import Plan, Router
 
+log = logging.getLogger(__name__)
+
+_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "embeddings": "/v1/embeddings"}
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
@@ -56,11 +61,23 @@ class CompletionEndpoint:
         self._caps = caps
         self._proxy = proxy
         self._metrics = metrics
+        # Request ids: a random per-endpoint prefix and a counter; os.urandom per request was a syscall.
+        self._id_prefix = os.urandom(6).hex()
+        self._id_counter = itertools.count(1)
         self._auth = ClientAuth([k.get_secret_value() for k in config.server.api_keys])
+
+    @property
+    def path(self) -> str:
+        return _PATHS[self.kind]
+
+    def _request_id(self, supplied: str | None) -> str:
+        if supplied is not None and _valid_request_id(supplied):
+            return supplied
+        return f"{self._id_prefix}{next(self._id_counter):08x}"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = _headers(scope)
-        ex = Exchange(request_id=_request_id(headers.get("x-request-id")), kind=self.kind,
+        ex = Exchange(request_id=self._request_id(headers.get("x-request-id")), kind=self.kind,
                       metrics=self._metrics)
         task = asyncio.current_task()
         assert task is not None
@@ -99,6 +116,14 @@ class CompletionEndpoint:
             if not ex.response_started:
                 ex.status = err.status_code
                 await _send_error(send, err, ex)
+        except Exception:  # a bug: still one OpenAI-shaped 500 and one outcome, never a bare traceback
+            log.exception("request %s failed", ex.request_id)
+            if ex.outcome is None:
+                started = ex.response_started
+                ex.outcome = "upstream_error_midstream" if started else "upstream_error_before_first_byte"
+            if not ex.response_started:
+                ex.status = 500
+                await _send_error(send, GatewayError("The gateway failed on this request.", code="internal_error"), ex)
         except asyncio.CancelledError:
             if ex.disconnect_stage is not None:
                 task.uncancel()
@@ -135,7 +160,7 @@ class CompletionEndpoint:
             backends, saturated = self._router.order(plan.pool, plan.key)
         if not backends:
             raise NoHealthyBackend(f"No healthy backend can serve route '{route}'.", retry_after=5)
-        self._metrics.queue_wait.labels(route, plan.pool).observe(time.perf_counter() - started)
+        self._metrics.child(self._metrics.queue_wait, route, plan.pool).observe(time.perf_counter() - started)
         return backends
 
 async def _watch_disconnect(receive: Receive, task: asyncio.Task[Any], ex: Exchange) -> None:
@@ -206,10 +231,8 @@ def _upstream_headers(headers: dict[str, str], request_id: str) -> dict[str, str
     return out
 
 
-def _request_id(supplied: str | None) -> str:
-    if supplied and len(supplied) <= 128 and supplied.isascii() and supplied.isprintable():
-        return supplied
-    return os.urandom(12).hex()
+def _valid_request_id(supplied: str) -> bool:
+    return 0 < len(supplied) <= 128 and supplied.isascii() and supplied.isprintable()
 
 
 def _clip(text: str, limit: int = 64) -> str:

@@ -3,7 +3,11 @@ pool, backend, engine, outcome and a few fixed enums; a client's model string ne
 
 from __future__ import annotations
 
+from typing import Any, TypeVar
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+M = TypeVar("M", Counter, Gauge, Histogram)
 
 UNKNOWN = "__unknown__"
 NONE = "none"
@@ -27,6 +31,7 @@ class GatewayMetrics:
     """Owns the registry; one instance per app, so tests build fresh ones and never reset globals."""
 
     def __init__(self) -> None:
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         r = self.registry = CollectorRegistry(auto_describe=True)
         # The user's lens: one sample per request.
         self.ttft = Histogram("gateway_time_to_first_token_seconds",
@@ -84,3 +89,12 @@ class GatewayMetrics:
                                   ("pool", "backend", "engine", "signal"), registry=r)
         self.scrape_age = Gauge("gateway_backend_scrape_age_seconds", "Age of the last good load scrape.",
                                 ("pool", "backend"), registry=r)
+
+    def child(self, metric: M, *labels: str) -> M:
+        """metric.labels(*labels), memoised: labels() takes a lock and validates on every call, and
+        the hot path asks for the same few children again and again. Bounded, as the labels are."""
+        key = (id(metric), labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found

@@ -67,7 +67,7 @@ class Router:
         decision = select_pool(route, facts, self._registry.pool_available)
         if decision is None:
             return Plan(pool=route.pools[0], rule="none", backends=[], facts=facts, fingerprint=fp)
-        self._metrics.route_decisions.labels(route.label, decision.pool, decision.rule).inc()
+        self._metrics.child(self._metrics.route_decisions, route.label, decision.pool, decision.rule).inc()
         session = headers.get(self._config.pools[decision.pool].session_header.lower()) or inbound.user
         key = BalanceKey(fingerprint=fp, session=session)
         backends, saturated = self.order(decision.pool, key, now)

@@ -64,9 +64,7 @@ class Endpoints:
         return Response(generate_latest(self._metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     def routes(self, completions: list[CompletionEndpoint]) -> list[BaseRoute]:
-        paths = {"chat": "/v1/chat/completions", "completions": "/v1/completions",
-                 "embeddings": "/v1/embeddings"}
-        out: list[BaseRoute] = [Route(paths[e.kind], e, methods=["POST"]) for e in completions]
+        out: list[BaseRoute] = [Route(e.path, e, methods=["POST"]) for e in completions]
         out += [
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/healthz", self.healthz, methods=["GET"]),

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from types import FrameType
+from typing import Any
 
 import uvicorn
 
@@ -51,7 +53,7 @@ def uvicorn_config(config: GatewayConfig, host: str, port: int, platform: Platfo
         create_app(config, platform), host=host, port=port, loop="uvloop", http="httptools",
         lifespan="on", access_log=False, log_level=log_level, log_config=None,
         timeout_graceful_shutdown=max(1, int(config.server.drain_timeout_s)), server_header=False,
-        date_header=False, timeout_keep_alive=30,
+        date_header=False, timeout_keep_alive=30, proxy_headers=False,
     )
 
 
@@ -59,11 +61,33 @@ async def serve(config: GatewayConfig, host: str, port: int, platform: Platform 
                 log_level: str = "info", started: asyncio.Event | None = None) -> None:
     server = GatewayServer(uvicorn_config(config, host, port, platform, log_level))
     task = asyncio.create_task(server.serve())
+    while not server.started and not task.done():
+        await asyncio.sleep(0.01)
+    tune_gc()
     if started is not None:
-        while not server.started and not task.done():
-            await asyncio.sleep(0.01)
         started.set()
     await task
+
+
+def tune_gc() -> None:
+    """Everything built at start-up lives for the whole process: freeze it out of the collector's
+    sight, and collect young objects less often. Measured (benchmarks/overhead): full collections
+    every ~1,300 requests stalled every request in flight for ~20 ms, and freed almost nothing."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 10)
+
+
+def run(main: Coroutine[Any, Any, None]) -> None:
+    """asyncio.run on uvloop where it exists. uvicorn's loop="uvloop" only applies in its own
+    Server.run(), not when serve() is awaited inside a loop the caller made, as here."""
+    try:
+        import uvloop
+    except ImportError:  # Windows: the standard loop
+        asyncio.run(main)
+        return
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main)
 
 
 def configure_logging(level: str) -> None:
