@@ -1,0 +1,452 @@
+"""Prefix-cache hit rate of the gateway's `prefix_affinity` balancer against `round_robin` and an
+oracle, on two REAL vLLM CPU replicas with prefix caching (issue 4, "Done when").
+
+    GATEWAY_CI_CACHE=/tmp/gwci-cold python benchmarks/affinity.py [--conversations 25] [--turns 4]
+
+Workload: N multi-turn conversations. Each opens with a shared system prompt and a conversation-own
+preamble (~440 tokens in all), and each turn appends the previous answer (max_tokens, ignore_eos) and
+a short user message (~70 tokens a turn; ~650 tokens at turn 4). They are sent interleaved: turn t of
+every conversation, then turn t+1, each turn by `c` workers in conversation order. Each policy runs
+once at every concurrency in `--concurrency` (default 1 and 8): at 1 the hit rate counts placement
+alone; at 8 the load bound and the in-flight balance come into play.
+
+Setup: two replicas, one core each (VLLM_CPU_OMP_THREADS_BIND=0 and =1), each with a KV budget of
+`--kv-tokens` (default 8,192 tokens, ~0.6x the workload's distinct prefix tokens: short of the whole
+workload, enough for half of it); the oracle is ONE replica with both budgets together. The pair runs
+behind the gateway once with `prefix_affinity` and once with `round_robin`, with the prefix cache
+reset in between (vLLM's dev-mode POST /reset_prefix_cache); the oracle is sent the same workload
+directly.
+
+Hit rate = delta vllm:prefix_cache_hits_total / delta vllm:prefix_cache_queries_total summed over the
+replicas (cross-checked against the responses' usage.prompt_tokens_details.cached_tokens). In-flight
+balance = the gateway's per-backend in-flight count sampled every few ms during the run: max over
+replicas of the time-averaged count / mean over replicas. Targets: prefix_affinity >= 0.9 x oracle,
+>= 2 x round_robin, and max/mean in-flight <= 1.3 (at c > 1). Exit status 1 when one is missed.
+Method, figures and what they mean: docs/routing-benchmark.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout: the engine launcher lives in tests/
+
+from gateway.config import SharedPrefixConfig  # noqa: E402
+from gateway.kv import kv_spec_from_hf_config, load_hf_config  # noqa: E402
+from gateway.prefix import canonical_prompt  # noqa: E402
+from tests.engines import servers  # noqa: E402
+from tests.engines.tiny_vocab import CORPUS  # noqa: E402
+from tests.integration.gateway_harness import GatewayThread, engine_metric  # noqa: E402
+
+MODEL = servers.MODEL_NAME
+HITS = "vllm:prefix_cache_hits_total"
+QUERIES = "vllm:prefix_cache_queries_total"
+WORDS = CORPUS.split()  # the tiny model's BPE was trained on CORPUS: ~2.8 characters a token
+TARGET_VS_ORACLE = 0.9
+TARGET_VS_ROUND_ROBIN = 2.0
+TARGET_IMBALANCE = 1.3
+
+
+# ---------------------------------------------------------------------------------------------- workload
+@dataclass(frozen=True)
+class Workload:
+    conversations: int = 25
+    turns: int = 4
+    system_chars: int = 270
+    """Shared by every conversation; ~100 tokens, so it does not fill one 128-token vLLM block."""
+    preamble_chars: int = 850
+    """Per conversation, ~310 tokens; turn 1 is ~440 tokens with the system prompt and the template."""
+    turn_chars: int = 80
+    """Each later user message; with the previous answer and the template, ~70 tokens a turn."""
+    max_tokens: int = 16
+    seed: int = 4
+
+
+def _text(rng: random.Random, chars: int) -> str:
+    out: list[str] = []
+    size = 0
+    while size < chars:
+        word = rng.choice(WORDS)
+        out.append(word)
+        size += len(word) + 1
+    return " ".join(out)
+
+
+def system_prompt(w: Workload) -> str:
+    head = "You are an agent behind an inference gateway. "
+    return head + _text(random.Random(f"{w.seed}-system"), w.system_chars - len(head))
+
+
+def opening(w: Workload, conv: int) -> list[dict[str, str]]:
+    rng = random.Random(f"{w.seed}-conv-{conv}")
+    return [
+        {"role": "system", "content": system_prompt(w)},
+        {"role": "user", "content": f"Conversation {conv:03d}. " + _text(rng, w.preamble_chars - 18)},
+    ]
+
+
+def follow_up(w: Workload, conv: int, turn: int) -> dict[str, str]:
+    rng = random.Random(f"{w.seed}-conv-{conv}-turn-{turn}")
+    return {"role": "user", "content": f"Turn {turn} of {conv:03d}: " + _text(rng, w.turn_chars - 16)}
+
+
+# ---------------------------------------------------------------------------------------------- results
+@dataclass
+class RunResult:
+    label: str
+    hits: float = 0.0
+    queries: float = 0.0
+    usage_cached: int = 0
+    usage_prompt: int = 0
+    requests: int = 0
+    errors: int = 0
+    seconds: float = 0.0
+    per_backend: dict[str, int] = field(default_factory=dict)
+    mean_in_flight: dict[str, float] = field(default_factory=dict)
+    peak_in_flight: dict[str, int] = field(default_factory=dict)
+    final_prompt_tokens: list[int] = field(default_factory=list)
+    """usage.prompt_tokens of each conversation's last turn."""
+    switches: int = 0
+    """Turns sent to a different backend than the conversation's previous turn."""
+    conversations_per_backend: dict[str, int] = field(default_factory=dict)
+    """Where each conversation's last turn went."""
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.queries if self.queries else 0.0
+
+    @property
+    def imbalance(self) -> float | None:
+        """max / mean of the replicas' time-averaged in-flight counts (None: not sampled)."""
+        values = list(self.mean_in_flight.values())
+        if len(values) < 2 or not sum(values):
+            return None
+        return max(values) / (sum(values) / len(values))
+
+
+class InFlightSampler:
+    """Samples `probe()` (backend -> in-flight) every `interval` s in a thread while running."""
+
+    def __init__(self, probe: Callable[[], dict[str, int]], interval: float = 0.002) -> None:
+        self._probe = probe
+        self._interval = interval
+        self._stop = threading.Event()
+        self._sums: Counter[str] = Counter()
+        self._peaks: Counter[str] = Counter()
+        self._n = 0
+        self._thread = threading.Thread(target=self._run, name="in-flight-sampler", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for name, value in self._probe().items():
+                self._sums[name] += value
+                self._peaks[name] = max(self._peaks[name], value)
+            self._n += 1
+            self._stop.wait(self._interval)
+
+    def __enter__(self) -> InFlightSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def means(self, names: Sequence[str]) -> dict[str, float]:
+        return {n: self._sums[n] / max(self._n, 1) for n in names}
+
+    def peaks(self, names: Sequence[str]) -> dict[str, int]:
+        return {n: self._peaks[n] for n in names}
+
+
+def prefix_counters(metrics_urls: Sequence[str]) -> tuple[float, float]:
+    return (sum(engine_metric(u, HITS) for u in metrics_urls), sum(engine_metric(u, QUERIES) for u in metrics_urls))
+
+
+def drive(
+    label: str,
+    v1_url: str,
+    engine_metrics_urls: Sequence[str],
+    w: Workload,
+    concurrency: int,
+    probe: Callable[[], dict[str, int]] | None = None,
+    backend_names: Sequence[str] = (),
+    timeout: float = 120.0,
+) -> RunResult:
+    """Send the workload (interleaved turns, `concurrency` workers) to `v1_url` and measure."""
+    result = RunResult(label)
+    hits0, queries0 = prefix_counters(engine_metrics_urls)
+    convs = [opening(w, c) for c in range(w.conversations)]
+    last_backend: dict[int, str] = {}
+    lock = threading.Lock()
+
+    def one(client: httpx.Client, conv: int, turn: int) -> None:
+        body = {"model": MODEL, "messages": convs[conv], "max_tokens": w.max_tokens, "ignore_eos": True}
+        r = client.post(f"{v1_url}/chat/completions", json=body)
+        with lock:
+            result.requests += 1
+            if r.status_code != 200:
+                result.errors += 1
+                raise RuntimeError(f"{label}: conversation {conv} turn {turn}: HTTP {r.status_code} {r.text[:300]}")
+            data = r.json()
+            usage = data["usage"]
+            result.usage_prompt += usage["prompt_tokens"]
+            result.usage_cached += (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+            backend = r.headers.get("x-gateway-backend", "direct")
+            result.per_backend[backend] = result.per_backend.get(backend, 0) + 1
+            if conv in last_backend and last_backend[conv] != backend:
+                result.switches += 1
+            last_backend[conv] = backend
+            if turn == w.turns - 1:
+                result.final_prompt_tokens.append(usage["prompt_tokens"])
+        if turn < w.turns - 1:
+            convs[conv].append({"role": "assistant", "content": data["choices"][0]["message"]["content"]})
+            convs[conv].append(follow_up(w, conv, turn + 2))
+
+    sampler = InFlightSampler(probe) if probe is not None else contextlib.nullcontext()
+    start = time.monotonic()
+    limits = httpx.Limits(max_connections=concurrency)
+    with httpx.Client(timeout=timeout, limits=limits) as client, sampler, ThreadPoolExecutor(concurrency) as pool:
+        for turn in range(w.turns):  # interleaved: turn t of every conversation, then turn t+1
+            futures = [pool.submit(one, client, c, turn) for c in range(w.conversations)]
+            for f in futures:
+                f.result()
+    result.seconds = time.monotonic() - start
+    result.conversations_per_backend = dict(Counter(last_backend.values()))
+    if isinstance(sampler, InFlightSampler):
+        result.mean_in_flight = sampler.means(backend_names)
+        result.peak_in_flight = sampler.peaks(backend_names)
+    # vLLM's counters trail the responses by an engine step: wait until they account for every prompt.
+    deadline = time.monotonic() + 15
+    while True:
+        hits1, queries1 = prefix_counters(engine_metrics_urls)
+        if queries1 - queries0 >= result.usage_prompt or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    result.hits, result.queries = hits1 - hits0, queries1 - queries0
+    return result
+
+
+# ---------------------------------------------------------------------------------------------- replicas
+def gateway_config(balancer: str, backends: Sequence[tuple[str, str]], epsilon: float | None = None) -> dict[str, Any]:
+    """One pool of the given (name, base_url) vLLM backends behind the route `tiny`."""
+    pool: dict[str, Any] = {"engine": "vllm", "balancer": balancer,
+                            "backends": [{"name": n, "url": u, "model": MODEL} for n, u in backends]}
+    if epsilon is not None:
+        pool["affinity_epsilon"] = epsilon
+    return {
+        "health": {"interval_s": 2, "scrape_interval_s": 1},
+        "pools": {"vllm": pool},
+        "routes": [{"model": MODEL, "pools": ["vllm"]}],
+    }
+
+
+def reset_prefix_cache(base_url: str) -> None:
+    """Empty a replica's prefix cache (needs VLLM_SERVER_DEV_MODE=1 at launch)."""
+    r = httpx.post(f"{base_url}/reset_prefix_cache", timeout=30)
+    r.raise_for_status()
+
+
+def kv_cache_info(metrics_url: str) -> dict[str, str]:
+    """The labels of vLLM's cache_config_info (block_size, num_gpu_blocks, kv_cache_size_tokens...)."""
+    text = httpx.get(metrics_url, timeout=5).text
+    for line in text.splitlines():
+        if line.startswith("vllm:cache_config_info{"):
+            inner = line[line.index("{") + 1 : line.rindex("}")]
+            return dict((k, v.strip('"')) for k, _, v in (p.partition("=") for p in inner.split('",')))
+    return {}
+
+
+def run_gateway_policy(balancer: str, pair: Sequence[Any], w: Workload, concurrency: int,
+                       epsilon: float | None = None) -> RunResult:
+    for s in pair:
+        reset_prefix_cache(s.base_url)
+    names = [f"r{i}" for i in range(len(pair))]
+    backends = list(zip(names, [s.base_url for s in pair], strict=True))
+    gw = GatewayThread(gateway_config(balancer, backends, epsilon)).start()
+    try:
+        registry = gw.gateway.registry
+        deadline = time.monotonic() + 30
+        while not all(registry.by_name[n].healthy for n in names):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the gateway did not see both replicas healthy")
+            time.sleep(0.05)
+
+        def probe() -> dict[str, int]:
+            return {n: registry.by_name[n].in_flight for n in names}
+
+        r = drive(balancer, gw.base_url + "/v1", [s.metrics_url for s in pair], w, concurrency, probe, names)
+        r.per_backend = {n: r.per_backend.get(n, 0) for n in names}  # a replica that got nothing shows 0
+        r.conversations_per_backend = {n: r.conversations_per_backend.get(n, 0) for n in names}
+        return r
+    finally:
+        gw.stop()
+
+
+@contextlib.contextmanager
+def replicas(specs: Sequence[dict[str, Any]]) -> Iterator[list[Any]]:
+    """Start vLLM replicas concurrently (one thread each); stop them all on exit."""
+    os.environ["VLLM_SERVER_DEV_MODE"] = "1"  # for POST /reset_prefix_cache
+    started: list[Any] = []
+    try:
+        with ThreadPoolExecutor(len(specs)) as pool:
+            futures = [pool.submit(servers.start_vllm, **spec) for spec in specs]
+            errors = []
+            for f in futures:
+                try:
+                    started.append(f.result())
+                except Exception as exc:  # stop the others, then report
+                    errors.append(exc)
+            if errors:
+                raise errors[0]
+        yield started
+    finally:
+        for s in started:
+            s.stop()
+
+
+# ---------------------------------------------------------------------------------------------- report
+ORACLE = "oracle"
+
+
+def table(results: dict[tuple[str, int], RunResult]) -> str:
+    rows = ["| policy | concurrency | hit rate | ratio to oracle | max/mean in-flight | peak in-flight "
+            "| requests per replica | max/mean requests | conversations per replica (last turn) "
+            "| turns that changed replica | seconds |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for (label, conc), r in results.items():
+        oracle = results.get((ORACLE, conc))
+        ratio = f"{r.hit_rate / oracle.hit_rate:.2f}" if oracle and oracle.hit_rate else "-"
+        imb = f"{r.imbalance:.2f}" if r.imbalance is not None else "-"
+        peaks = " / ".join(str(v) for v in r.peak_in_flight.values()) or "-"
+        per = " / ".join(str(v) for _, v in sorted(r.per_backend.items()))
+        share = f"{max(r.per_backend.values()) * 2 / r.requests:.2f}" if label != ORACLE and r.requests else "-"
+        convs = " / ".join(str(v) for _, v in sorted(r.conversations_per_backend.items()))
+        name = "oracle (1 replica, 2x KV)" if label == ORACLE else label
+        rows.append(f"| {name} | {conc} | {r.hit_rate:.3f} | {ratio} | {imb} | {peaks} | {per} | {share} | {convs} "
+                    f"| {r.switches} | {r.seconds:.1f} |")
+    return "\n".join(rows)
+
+
+def check(results: dict[tuple[str, int], RunResult]) -> list[tuple[str, bool]]:
+    out = []
+    for conc in sorted({c for _, c in results}):
+        pa, rr, oracle = (results.get((k, conc)) for k in ("prefix_affinity", "round_robin", ORACLE))
+        if pa and oracle:
+            out.append((f"c={conc}: prefix_affinity {pa.hit_rate:.3f} >= {TARGET_VS_ORACLE} x oracle "
+                        f"{oracle.hit_rate:.3f} (ratio {pa.hit_rate / max(oracle.hit_rate, 1e-9):.2f})",
+                        pa.hit_rate >= TARGET_VS_ORACLE * oracle.hit_rate))
+        if pa and rr:
+            out.append((f"c={conc}: prefix_affinity {pa.hit_rate:.3f} >= {TARGET_VS_ROUND_ROBIN} x round_robin "
+                        f"{rr.hit_rate:.3f}", pa.hit_rate >= TARGET_VS_ROUND_ROBIN * rr.hit_rate))
+        if pa and pa.imbalance is not None and conc > 1:  # at 1 it measures the replicas' speeds
+            out.append((f"c={conc}: prefix_affinity max/mean in-flight {pa.imbalance:.2f} <= {TARGET_IMBALANCE}",
+                        pa.imbalance <= TARGET_IMBALANCE))
+    return out
+
+
+def distinct_prefix_tokens(r: RunResult, w: Workload) -> int:
+    """The workload's distinct prefix tokens: every conversation's final prompt, with the shared system
+    prompt (~system_chars / 2.8 tokens, plus the template) counted once."""
+    shared = int(w.system_chars / 2.8) + 4
+    return sum(r.final_prompt_tokens) - (len(r.final_prompt_tokens) - 1) * shared
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--conversations", type=int, default=Workload.conversations)
+    p.add_argument("--turns", type=int, default=Workload.turns)
+    p.add_argument("--system-chars", type=int, default=Workload.system_chars)
+    p.add_argument("--preamble-chars", type=int, default=Workload.preamble_chars)
+    p.add_argument("--max-tokens", type=int, default=Workload.max_tokens)
+    p.add_argument("--concurrency", default="1,8",
+                   help="comma-separated; each level is one pass of every policy (1: placement alone)")
+    p.add_argument("--kv-tokens", type=int, default=8192, help="KV budget of each of the two replicas")
+    p.add_argument("--policies", default="prefix_affinity,round_robin,oracle",
+                   help="comma-separated; `prefix_affinity@1.0` runs it with affinity_epsilon 1.0")
+    p.add_argument("--epsilon", type=float, help="the pool's affinity_epsilon (default: the config default)")
+    p.add_argument("--json", type=Path, help="also write the raw results here")
+    p.add_argument("--log-dir", type=Path, default=Path("/tmp/gateway-affinity-bench"))
+    args = p.parse_args(argv)
+    w = Workload(conversations=args.conversations, turns=args.turns, system_chars=args.system_chars,
+                 preamble_chars=args.preamble_chars, max_tokens=args.max_tokens)
+    levels = [int(x) for x in args.concurrency.split(",") if x]
+    policies = [x for x in args.policies.split(",") if x]
+    missing = servers.engine_missing("vllm")
+    if missing:
+        print(missing, file=sys.stderr)
+        return 2
+    per_token = kv_spec_from_hf_config(load_hf_config(servers.engine_env()["TINY_HF_DIR"])).bytes_per_token
+    args.log_dir.mkdir(parents=True, exist_ok=True)
+    common = {"max_model_len": 2048, "max_num_seqs": max(levels)}
+    pair_specs = [{**common, "kv_cache_memory_bytes": args.kv_tokens * per_token, "cpu_omp_threads_bind": str(i),
+                   "log_path": args.log_dir / f"replica-{i}.log"} for i in range(2)]
+    oracle_spec = {**common, "kv_cache_memory_bytes": 2 * args.kv_tokens * per_token, "cpu_omp_threads_bind": "0",
+                   "log_path": args.log_dir / "oracle.log"}
+    want_oracle = ORACLE in policies
+    gateway_policies = [x for x in policies if x != ORACLE]
+    print(f"workload: {w}; concurrency {levels}; KV {per_token} B/token, {args.kv_tokens} tokens "
+          f"({args.kv_tokens * per_token} B) per replica, oracle {2 * args.kv_tokens}", flush=True)
+    block = SharedPrefixConfig().block_chars
+    shared_bytes = len(canonical_prompt({"messages": opening(w, 0)[:1]}).encode())
+    print(f"gateway fingerprint blocks of {block} bytes; the shared system prompt is {shared_bytes} bytes of the "
+          f"canonical prompt, so the first block is {'SHARED by' if shared_bytes >= block else 'distinct per'} "
+          "conversation", flush=True)
+    t0 = time.monotonic()
+    load0 = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    results: dict[tuple[str, int], RunResult] = {}
+    with replicas(pair_specs + ([oracle_spec] if want_oracle else [])) as started:
+        pair = started[:2]
+        infos = [kv_cache_info(s.metrics_url) for s in started]
+        print(f"replicas ready in {time.monotonic() - t0:.0f} s; "
+              + "; ".join(f"{s.log_path.name}: {i.get('kv_cache_size_tokens')} KV tokens in "
+                          f"{i.get('num_gpu_blocks')} blocks of {i.get('block_size')}"
+                          for s, i in zip(started, infos, strict=True)), flush=True)
+        for conc in levels:
+            for policy in gateway_policies:
+                balancer, _, eps = policy.partition("@")  # prefix_affinity@1.0: with affinity_epsilon 1.0
+                epsilon = float(eps) if eps else args.epsilon
+                r = results[(policy, conc)] = run_gateway_policy(balancer, pair, w, conc, epsilon)
+                print(f"c={conc} {policy}: hit rate {r.hit_rate:.3f} in {r.seconds:.1f} s", flush=True)
+            if want_oracle:
+                o = started[2]
+                reset_prefix_cache(o.base_url)
+                r = results[(ORACLE, conc)] = drive(ORACLE, o.v1_url, [o.metrics_url], w, conc)
+                print(f"c={conc} oracle: hit rate {r.hit_rate:.3f} in {r.seconds:.1f} s", flush=True)
+    distinct = distinct_prefix_tokens(next(iter(results.values())), w)
+    print()
+    print(table(results))
+    print()
+    print(f"distinct prefix tokens of the workload ~{distinct}; each replica's KV {args.kv_tokens} tokens = "
+          f"{args.kv_tokens / distinct:.2f}x. Usage cross-check (sum cached_tokens / sum prompt_tokens): "
+          + ", ".join(f"{k}@{c} {r.usage_cached / max(r.usage_prompt, 1):.3f}" for (k, c), r in results.items()))
+    verdicts = check(results)
+    for text, ok in verdicts:
+        print(f"{'PASS' if ok else 'FAIL'}: {text}")
+    print(f"total {time.monotonic() - t0:.0f} s; load average {load0} at the start, "
+          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} at the end (timing figures suffer from other load)")
+    if args.json:
+        args.json.write_text(json.dumps(
+            [{**asdict(r), "concurrency": c, "hit_rate": r.hit_rate, "imbalance": r.imbalance}
+             for (_, c), r in results.items()], indent=2))
+    return 0 if all(ok for _, ok in verdicts) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
