@@ -40,6 +40,10 @@ class BalanceKey:
     """The prompt's prefix fingerprint (gateway.prefix.fingerprint); empty when not computed."""
     session: str | None = None
     """The session header's value, else the body's `user`; None when the request has neither."""
+    anchor: int | None = None
+    """A hash of the chat's first non-system message: the conversation's identity (prefix.Anchor)."""
+    anchor_block: int = 0
+    """The first fingerprint block past the shared head (system prompt and tools)."""
 
 
 class Balancer(Protocol):
@@ -145,16 +149,23 @@ class PrefixAffinity:
         self._max_entries = max_entries
         self._table: OrderedDict[int, tuple[str, int]] = OrderedDict()
         """block hash -> (backend, the block's index in the fingerprint)"""
+        self._favourite: tuple[tuple[int, ...], str] | None = None
+        """The last order()'s fingerprint and favourite when that came from a learned match, so
+        learn() can tell a spill away from a conversation's home."""
 
     def __len__(self) -> int:
         return len(self._table)
 
     def order(self, candidates: Sequence[Candidate], key: BalanceKey) -> list[Candidate]:
         fp = key.fingerprint
+        self._favourite = None
         if not fp or not candidates:
             return LeastLoad().order(candidates, key)
-        preferred = rendezvous(fp[0].to_bytes(8, "big"), candidates)
-        learned = self._lookup(fp, {c.name for c in candidates})
+        # A conversation's identity is its first non-system message, not block 0: agents share a
+        # long system prompt and tools, and hashing those would send every conversation to one place.
+        seed = key.anchor if key.anchor is not None else fp[0]
+        preferred = rendezvous(seed.to_bytes(8, "big"), candidates)
+        learned = self._lookup(fp, {c.name for c in candidates}, key.anchor_block)
         if learned is not None:
             preferred.sort(key=lambda c: c.name != learned)  # stable: the rest keep rendezvous order
         loads = {c.name: candidate_load(c) for c in preferred}
@@ -165,14 +176,22 @@ class PrefixAffinity:
             ordered = [favourite, *sorted(preferred[1:], key=lambda c: loads[c.name])]
         else:
             ordered = sorted(preferred, key=lambda c: loads[c.name])
+        if learned is not None:
+            self._favourite = (fp, favourite.name)
         return _saturated_last(ordered)
 
     def learn(self, fingerprint: tuple[int, ...], backend: str, now: float) -> None:
         """Remember `backend` for the request's last block and for blocks 1, 2, 4, 8... so a later
         request finds its longest shared prefix to within a factor of two, at ~log2(n) entries per
-        request. LRU-bounded, not timed: a stale entry is no worse than the rendezvous guess."""
+        request. LRU-bounded, not timed: a stale entry is no worse than the rendezvous guess.
+
+        A request that spilled under load away from where its conversation was learned to be is not
+        learned: that cache stays where it was, and re-homing on every spill made conversations drift.
+        (A first turn that spilled off its cold-start choice is learned where it ran.)"""
         n = len(fingerprint)
         if not n:
+            return
+        if self._favourite is not None and self._favourite[0] is fingerprint and self._favourite[1] != backend:
             return
         table = self._table
         index = 0
@@ -185,10 +204,11 @@ class PrefixAffinity:
         while len(table) > self._max_entries:
             table.popitem(last=False)
 
-    def _lookup(self, fp: tuple[int, ...], names: set[str]) -> str | None:
-        """The backend learned for the longest prefix of `fp`, among `names`."""
+    def _lookup(self, fp: tuple[int, ...], names: set[str], floor: int = 0) -> str | None:
+        """The backend learned for the longest prefix of `fp`, among `names`; only a match that
+        reaches block `floor` (into the conversation's own text) counts as the same conversation."""
         table = self._table
-        best, best_index = None, -1
+        best, best_index = None, floor - 1
         for h in table.keys() & fp:  # one C-level pass over the fingerprint
             name, index = table[h]
             if index > best_index and index < len(fp) and fp[index] == h and name in names:

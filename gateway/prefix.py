@@ -44,6 +44,31 @@ def canonical_prompt(body: Mapping[str, Any]) -> str:
     return ""
 
 
+@dataclass(frozen=True, slots=True)
+class Anchor:
+    """Where a chat's own text starts: `block` is the fingerprint block holding the first byte
+    after the shared head (system messages and tools), and `key` hashes the first non-system
+    message, which stays the same on every turn of a conversation and differs between them."""
+
+    key: int | None
+    block: int
+
+
+def conversation_anchor(body: Mapping[str, Any], block_chars: int) -> Anchor:
+    """The anchor of a chat body; for a completions body, no key and block 0."""
+    messages = body.get("messages")
+    if not isinstance(messages, list | tuple):
+        return Anchor(None, 0)
+    head = _chat_text([m for m in messages if isinstance(m, Mapping) and m.get("role") in _SYSTEM_ROLES],
+                      body.get("tools"), body.get("functions"))
+    first = next((m for m in messages if isinstance(m, Mapping) and m.get("role") not in _SYSTEM_ROLES), None)
+    if first is None:
+        return Anchor(None, 0)
+    text = _content_text(first.get("content")).encode("utf-8", "surrogatepass")
+    key = struct.unpack(">Q", blake2b(text, digest_size=8).digest())[0]
+    return Anchor(key, len(head.encode("utf-8", "surrogatepass")) // block_chars)
+
+
 def _chat_text(messages: list[Any] | tuple[Any, ...], tools: Any, functions: Any) -> str:
     head: list[str] = []
     tail: list[str] = []

@@ -11,7 +11,7 @@ from gateway.balancer import BalanceKey, Balancer, make_balancer
 from gateway.config import GatewayConfig, RouteConfig
 from gateway.inbound import InboundRequest
 from gateway.metrics import GatewayMetrics
-from gateway.prefix import PrefixTracker, canonical_prompt, fingerprint
+from gateway.prefix import PrefixTracker, canonical_prompt, conversation_anchor, fingerprint
 from gateway.registry import Backend, Registry
 from gateway.rules import Platform, RequestFacts, select_pool
 
@@ -69,7 +69,10 @@ class Router:
             return Plan(pool=route.pools[0], rule="none", backends=[], facts=facts, fingerprint=fp)
         self._metrics.child(self._metrics.route_decisions, route.label, decision.pool, decision.rule).inc()
         session = headers.get(self._config.pools[decision.pool].session_header.lower()) or inbound.user
-        key = BalanceKey(fingerprint=fp, session=session)
+        anchor = conversation_anchor(inbound.body, self._config.routing.shared_prefix.block_chars) \
+            if fp else None
+        key = BalanceKey(fingerprint=fp, session=session, anchor=anchor.key if anchor else None,
+                         anchor_block=anchor.block if anchor else 0)
         backends, saturated = self.order(decision.pool, key, now)
         return Plan(pool=decision.pool, rule=decision.rule, backends=backends, facts=facts, fingerprint=fp,
                     key=key, saturated=saturated)

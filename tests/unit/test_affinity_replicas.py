@@ -124,10 +124,6 @@ def test_separate_processes_agree() -> None:
     assert runs[0] == [choices(system_words=w, in_flight_window=5) for w in (10, 200)]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known limitation (benchmarks/affinity.py, docs/routing-benchmark.md): when a shared system prompt "
-    "fills the first fingerprint block, every new conversation gets the same rendezvous key, and the "
-    "longest learned match is a shared block, so without load they all go to one backend"))
 def test_new_conversations_behind_a_shared_system_prompt_spread() -> None:
     picked = choices(system_words=200)  # the system prompt alone is longer than one block
     first_turns = picked[:12]

@@ -403,3 +403,16 @@ def test_recently_used_prefixes_survive_eviction() -> None:
         balancer.learn((2 * i, 2 * i + 1), NAMES[i % 8], float(i))
         assert balancer.order(cands(), BalanceKey((*hot, 77)))[0].name == "b6"
         assert balancer.order(cands(), BalanceKey((*hot[:2], 77)))[0].name == "b6"  # a checkpoint
+
+
+def test_a_spill_does_not_rehome_a_conversation() -> None:
+    """benchmarks/affinity.py found conversations drifting: each load spill re-homed them."""
+    balancer = PrefixAffinity(EPSILON)
+    turn1, turn2, turn3 = (conversation_fp(21, turns=t) for t in (1, 2, 3))
+    home = balancer.order(cands(), BalanceKey(turn1))[0].name
+    balancer.learn(turn1, home, 0.0)
+    busy = [Candidate(n, 9 if n == home else 0) for n in NAMES]
+    spilled = balancer.order(busy, BalanceKey(turn2))[0].name
+    assert spilled != home
+    balancer.learn(turn2, spilled, 1.0)
+    assert balancer.order(cands(), BalanceKey(turn3))[0].name == home
