@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
-from engines.sim_api import PROBE_PATHS, Killed, SimApi, dumps
+from engines.sim_api import PROBE_PATHS, Killed, SimApi
 from engines.sim_completions import completion
 from engines.sim_engine import SimEngine
 from engines.sim_faults import FAULT_HEADER, Fault, FaultSpecError, parse_fault
@@ -265,12 +265,12 @@ class SimServer:
         prefix cache) and ``POST /sim/fault`` ({"fault": spec, "probe_fault": spec})."""
         body = self.api.parse_body(req) if req.body else {}
         none = Fault()
-        if isinstance(body, str):
-            await self.api.send_error(conn, none, 400, body)
+        if isinstance(body, tuple):
+            await self.api.send_json(conn, none, *body)
         elif (req.method, req.path) == ("GET", "/sim/stats"):
             await self.api.send_json(conn, none, 200, self.stats.to_json())
         elif (req.method, req.path) == ("GET", "/sim/requests"):
-            await self.api.send(conn, none, 200, dumps([r.to_json() for r in self.stats.recent]))
+            await self.api.send_json(conn, none, 200, [r.to_json() for r in self.stats.recent])
         elif (req.method, req.path) == ("POST", "/sim/reset"):
             self.stats.seen = self.stats.aborted = self.stats.completed = self.stats.killed = 0
             self.stats.recent.clear()

@@ -10,7 +10,8 @@ from typing import Any
 from engines.sim_engine import SimEngine
 from engines.sim_faults import Fault
 from engines.sim_flavour_llamacpp import LlamacppFlavour
-from engines.sim_flavours import JsonObj, SglangFlavour, VllmFlavour
+from engines.sim_flavour_vllm import VllmFlavour
+from engines.sim_flavours import JsonObj, Reply, SglangFlavour
 from engines.sim_http import ClientGone, HttpConn, HttpRequest, reason_phrase
 from engines.sim_metrics import exposition
 from engines.sim_text import count_tokens, embedding, render_chat
@@ -49,6 +50,8 @@ class SimApi:
         if isinstance(self.flavour, LlamacppFlavour):
             self.routes[("POST", "/apply-template")] = self.apply_template
             self.routes[("GET", "/slots")] = self.slots
+        if self.flavour.version() is not None:
+            self.routes[("GET", "/version")] = self.version
 
     # -- sending --------------------------------------------------------------------------------------
     async def send(
@@ -57,7 +60,7 @@ class SimApi:
         fault: Fault,
         status: int,
         body: bytes,
-        content_type: str | None = "application/json",
+        content_type: str | None,
     ) -> None:
         """Send a whole (non-streamed) response, unless the die or stall fault says otherwise."""
         if fault.die_after is not None:
@@ -73,7 +76,7 @@ class SimApi:
         await conn.send(body)
 
     async def send_json(self, conn: HttpConn, fault: Fault, status: int, obj: Any) -> None:
-        await self.send(conn, fault, status, dumps(obj))
+        await self.send(conn, fault, status, dumps(obj), self.flavour.json_type)
 
     async def send_error(self, conn: HttpConn, fault: Fault, status: int, message: str) -> None:
         await self.send_json(conn, fault, status, self.flavour.error(status, message))
@@ -98,7 +101,7 @@ class SimApi:
             body = body[: len(body) // 2]
         elif fault.body == "empty":
             body = b""
-        await self.send(conn, fault, status, body, "application/json" if body else None)
+        await self.send(conn, fault, status, body, self.flavour.json_type if body else None)
 
     async def route(self, conn: HttpConn, req: HttpRequest, fault: Fault) -> None:
         handler = self.routes.get((req.method, req.path))
@@ -109,13 +112,15 @@ class SimApi:
         else:
             await self.send_json(conn, fault, *self.flavour.not_found())
 
-    def parse_body(self, req: HttpRequest) -> JsonObj | str:
-        """The JSON object in the body, or an error message."""
+    def parse_body(self, req: HttpRequest) -> JsonObj | Reply:
+        """The JSON object in the body, or the flavour's error reply."""
         try:
             body = json.loads(req.body)
-        except (ValueError, UnicodeDecodeError) as exc:
-            return f"JSON decode error: {exc}"
-        return body if isinstance(body, dict) else "the request body must be a JSON object"
+        except json.JSONDecodeError as exc:
+            return self.flavour.malformed_json(exc)
+        except ValueError as exc:  # not UTF-8
+            return 400, self.flavour.error(400, f"the request body is not UTF-8 JSON: {exc}")
+        return body if isinstance(body, dict) else (400, self.flavour.error(400, "the body must be a JSON object"))
 
     # -- endpoints ------------------------------------------------------------------------------------
     async def health(self, conn: HttpConn, req: HttpRequest, fault: Fault) -> None:
@@ -129,18 +134,22 @@ class SimApi:
         text = exposition(self.engine.core).encode()
         await self.send(conn, fault, 200, text, "text/plain; version=0.0.4; charset=utf-8")
 
+    async def version(self, conn: HttpConn, req: HttpRequest, fault: Fault) -> None:
+        await self.send_json(conn, fault, 200, self.flavour.version())
+
     async def tokenize(self, conn: HttpConn, req: HttpRequest, fault: Fault) -> None:
         body = self.parse_body(req)
-        if isinstance(body, str):
-            await self.send_error(conn, fault, 400, body)
+        if isinstance(body, tuple):
+            await self.send_json(conn, fault, *body)
             return
         await self.send_json(conn, fault, *self.flavour.tokenize(body))
 
     async def apply_template(self, conn: HttpConn, req: HttpRequest, fault: Fault) -> None:
         body = self.parse_body(req)
+        if isinstance(body, tuple):
+            await self.send_json(conn, fault, *body)
+            return
         try:
-            if isinstance(body, str):
-                raise ValueError(body)
             if not isinstance(body.get("messages"), list):
                 raise ValueError('"messages" must be a list')
             prompt = render_chat(body["messages"], True, body.get("tools"))
@@ -150,23 +159,13 @@ class SimApi:
         await self.send_json(conn, fault, 200, {"prompt": prompt})
 
     async def slots(self, conn: HttpConn, req: HttpRequest, fault: Fault) -> None:
-        busy = len(self.engine.core.running)
-        slots = [
-            {
-                "id": i,
-                "id_task": -1,
-                "n_ctx": self.params.context_limit,
-                "speculative": False,
-                "is_processing": i < busy,
-            }
-            for i in range(self.params.max_batch)
-        ]
-        await self.send_json(conn, fault, 200, slots)
+        assert isinstance(self.flavour, LlamacppFlavour)
+        await self.send_json(conn, fault, 200, self.flavour.slots(self.engine.core.running))
 
     async def embeddings(self, conn: HttpConn, req: HttpRequest, fault: Fault) -> None:
         body = self.parse_body(req)
-        if isinstance(body, str):
-            await self.send_error(conn, fault, 400, body)
+        if isinstance(body, tuple):
+            await self.send_json(conn, fault, *body)
             return
         # A string, a list of strings, or token ids (one list or a list of lists).
         raw = body.get("input")

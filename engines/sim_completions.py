@@ -9,10 +9,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from engines.sim_api import Killed, SimApi, dumps
+from engines.sim_cache import block_hashes
 from engines.sim_faults import Fault
-from engines.sim_flavours import Gen, JsonObj
+from engines.sim_flavours import Gen, JsonObj, Reply
 from engines.sim_http import ClientGone, HttpConn, HttpRequest
-from engines.sim_model import SimSequence, block_hashes
+from engines.sim_model import SimSequence
 from engines.sim_text import filler_text, filler_token, render_chat, tokenize
 
 _GARBAGE = b'this line has no data field\n\ndata: {"choices": [{"delta": \n\n'
@@ -27,27 +28,29 @@ class _Parsed:
     model: str
 
 
-def _parse(api: SimApi, body: JsonObj, chat: bool) -> _Parsed | str:
-    """The request's essentials, or a 400 message."""
+def _parse(api: SimApi, body: JsonObj, chat: bool) -> _Parsed | Reply:
+    """The request's essentials, or an error reply."""
+    if chat and "messages" not in body:
+        return api.flavour.missing("messages", body)
     n = body.get("n", 1)
     if n != 1:
-        return "the simulator supports only n=1"
+        return 400, api.flavour.error(400, "the simulator supports only n=1")
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
-        return "'stream' must be a boolean"
+        return 400, api.flavour.error(400, "'stream' must be a boolean")
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if max_tokens is not None and (type(max_tokens) is not int or max_tokens < 1):
-        return "'max_tokens' must be an integer >= 1"
+        return 400, api.flavour.error(400, "'max_tokens' must be an integer >= 1")
     try:
         if chat:
-            messages = body.get("messages")
+            messages = body["messages"]
             if not isinstance(messages, list) or not messages:
-                return "'messages' must be a non-empty list"
+                raise ValueError("'messages' must be a non-empty list")
             ids = tokenize(render_chat(messages, True, body.get("tools")))
         else:
             ids = _prompt_ids(body.get("prompt"))
     except ValueError as exc:
-        return str(exc)
+        return 400, api.flavour.error(400, str(exc))
     options = body.get("stream_options")
     include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
     model = body.get("model")
@@ -67,15 +70,15 @@ def _prompt_ids(prompt: Any) -> list[int]:
 
 async def completion(api: SimApi, conn: HttpConn, req: HttpRequest, fault: Fault, chat: bool) -> None:
     body = api.parse_body(req)
-    if isinstance(body, str):
-        await api.send_error(conn, fault, 400, body)
+    if isinstance(body, tuple):
+        await api.send_json(conn, fault, *body)
         return
     if (not_found := api.flavour.unknown_model(body.get("model"))) is not None:
         await api.send_json(conn, fault, *not_found)
         return
     parsed = _parse(api, body, chat)
-    if isinstance(parsed, str):
-        await api.send_error(conn, fault, 400, parsed)
+    if isinstance(parsed, tuple):
+        await api.send_json(conn, fault, *parsed)
         return
     prompt = len(parsed.prompt_ids)
     max_tokens, too_long = api.flavour.check_length(prompt, parsed.max_tokens)
@@ -88,7 +91,7 @@ async def completion(api: SimApi, conn: HttpConn, req: HttpRequest, fault: Fault
         stop_after=fault.tokens,
         hashes=block_hashes(parsed.prompt_ids, api.params.block_size),
     )
-    prefix = "chatcmpl-" if chat else "cmpl-"
+    prefix = "chatcmpl-" if chat else api.flavour.completion_id_prefix
     g = Gen(
         id=prefix + uuid.uuid4().hex,
         chat=chat,
@@ -132,7 +135,7 @@ async def _stream(api: SimApi, conn: HttpConn, fault: Fault, g: Gen, seq: SimSeq
     start = loop.time()
     first = start
     headers = [
-        ("content-type", "text/event-stream; charset=utf-8"),
+        ("content-type", api.flavour.sse_type),
         ("cache-control", "no-cache"),
         ("transfer-encoding", "chunked"),
     ]

@@ -1,8 +1,11 @@
-"""vLLM's and SGLang's shapes for the simulator: error bodies, length checks, health, models, tokenize, and
-the JSON of completions and their SSE chunks (see ENGINES.md). llama.cpp's are in ``sim_flavour_llamacpp``."""
+"""The simulator's shapes: error bodies, length checks, health, models, tokenize, and the JSON of completions
+and their SSE chunks. ``OpenAIFlavour`` holds the shapes the OpenAI-compatible engines share, which is what
+SGLang sends; vLLM 0.32's are in ``sim_flavour_vllm``, llama.cpp's in ``sim_flavour_llamacpp``, each checked
+against recordings of the real engine (tests/sim/test_sim_fixtures.py)."""
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -34,11 +37,14 @@ class Gen:
         return "chat.completion" if self.chat else "text_completion"
 
 
-class VllmFlavour:
-    """vLLM's shapes; the other flavours override what differs."""
+class OpenAIFlavour:
+    """The shapes every flavour starts from; each overrides what differs."""
 
-    name: ClassVar[str] = "vllm"
-    finish_on_last_token: ClassVar[bool] = True  # vLLM puts finish_reason on the last content chunk
+    name: ClassVar[str] = "openai"
+    finish_on_last_token: ClassVar[bool] = False  # True: finish_reason on the last content chunk
+    json_type: ClassVar[str] = "application/json"
+    sse_type: ClassVar[str] = "text/event-stream; charset=utf-8"
+    completion_id_prefix: ClassVar[str] = "cmpl-"  # chat completions' ids start with "chatcmpl-"
     _types: ClassVar[dict[int, str]] = {
         400: "BadRequestError",
         401: "UnauthorizedError",
@@ -66,23 +72,34 @@ class VllmFlavour:
     def method_not_allowed(self) -> Reply:
         return 405, {"detail": "Method Not Allowed"}
 
+    def malformed_json(self, exc: json.JSONDecodeError) -> Reply:
+        return 400, self.error(400, f"JSON decode error: {exc}")
+
+    def missing(self, field_name: str, body: JsonObj) -> Reply:
+        """A required field is absent from the request body."""
+        return 400, self.error(400, f"'{field_name}' is required")
+
     def unknown_model(self, model: Any) -> Reply | None:
-        if model in (None, self.params.model):
-            return None
-        return 404, self.error(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+        """The reply to a request for a model this backend does not serve; None: answer it anyway."""
+        return None
+
+    def too_long(self, prompt: int, wanted: int) -> JsonObj:
+        """The error body for a prompt that leaves no room for one output token."""
+        limit = self.params.context_limit
+        msg = f"The input ({prompt} tokens) is longer than the model's context length ({limit} tokens)."
+        return self.error(400, msg)
 
     def check_length(self, prompt: int, max_tokens: int | None) -> tuple[int, Reply | None]:
-        """(max_tokens to generate, or an error reply). vLLM clamps output that would not fit."""
+        """(max_tokens to generate, or an error reply). Output that would not fit is clamped."""
         limit = self.params.context_limit
         wanted = self.params.default_max_tokens if max_tokens is None else max_tokens
         if prompt + 1 > limit:
-            msg = (
-                f"This model's maximum context length is {limit} tokens. However, your prompt contains at "
-                f"least {prompt} input tokens, and you requested {wanted} output tokens. Please reduce the "
-                "length of the input prompt or the number of requested output tokens."
-            )
-            return 0, (400, self.error(400, msg, "BadRequestError", "input_tokens"))
+            return 0, (400, self.too_long(prompt, wanted))
         return min(wanted, limit - prompt), None
+
+    def version(self) -> JsonObj | None:
+        """``GET /version``'s body, or None where the engine has no such endpoint."""
+        return None
 
     def health(self) -> tuple[str | None, bytes]:
         return None, b""
@@ -97,9 +114,7 @@ class VllmFlavour:
                     "created": int(time.time()),
                     "owned_by": self.name,
                     "root": self.params.model,
-                    "parent": None,
                     "max_model_len": self.params.context_limit,
-                    "permission": [],
                 }
             ],
         }
@@ -191,9 +206,11 @@ class VllmFlavour:
         }
 
 
-class SglangFlavour(VllmFlavour):
+class SglangFlavour(OpenAIFlavour):
+    """SGLang: flat errors, a 400 for prompt + max_tokens over the limit, no model-name check (the base's
+    ``unknown_model``), and ``matched_stop`` and ``usage: null`` on stream chunks."""
+
     name: ClassVar[str] = "sglang"
-    finish_on_last_token: ClassVar[bool] = False
 
     def error(self, status: int, message: str, type_: str | None = None, param: str | None = None) -> JsonObj:
         # SGLang's errors are flat, not nested under "error".
@@ -205,14 +222,10 @@ class SglangFlavour(VllmFlavour):
             "code": status,
         }
 
-    def unknown_model(self, model: Any) -> Reply | None:
-        return None  # SGLang does not check the model name
-
     def check_length(self, prompt: int, max_tokens: int | None) -> tuple[int, Reply | None]:
         limit = self.params.context_limit
         if prompt + 1 > limit:
-            msg = f"The input ({prompt} tokens) is longer than the model's context length ({limit} tokens)."
-            return 0, (400, self.error(400, msg))
+            return 0, (400, self.too_long(prompt, max_tokens or 0))
         if max_tokens is not None and prompt + max_tokens > limit:
             msg = (
                 f"Requested token count exceeds the model's maximum context length of {limit} tokens. You "
@@ -223,21 +236,6 @@ class SglangFlavour(VllmFlavour):
             return 0, (400, self.error(400, msg))
         wanted = self.params.default_max_tokens if max_tokens is None else max_tokens
         return min(wanted, limit - prompt), None
-
-    def models(self) -> JsonObj:
-        return {
-            "object": "list",
-            "data": [
-                {
-                    "id": self.params.model,
-                    "object": "model",
-                    "created": int(time.time()),
-                    "owned_by": "sglang",
-                    "root": self.params.model,
-                    "max_model_len": self.params.context_limit,
-                }
-            ],
-        }
 
     def token_event(self, g: Gen, text: str, finish: str | None) -> JsonObj:
         event = super().token_event(g, text, finish)

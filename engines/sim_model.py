@@ -1,17 +1,21 @@
-"""The simulator's performance model: parameters and presets, a prefix cache, and a continuous-batching core.
+"""The simulator's performance model: parameters and presets, and a continuous-batching core.
 
 Pure and clock-free: ``BatchCore`` says how long each step takes; a driver (``sim_engine``) decides whether
-that time passes for real (the HTTP server) or virtually (what-if comparisons).
+that time passes for real (the HTTP server) or virtually (what-if comparisons). Its own ``clock`` is model
+time, the sum of the steps' durations, which the latency histograms are measured in.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections import OrderedDict, deque
-from collections.abc import Iterable, Sequence
+from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from engines.sim_cache import PrefixCache
+from engines.sim_latency import LatencyStats
 
 Flavour = Literal["vllm", "sglang", "llamacpp"]
 
@@ -92,62 +96,6 @@ class SimParams:
         return self.base_step_s + self.per_seq_step_s * max(running - 1, 0)
 
 
-def block_hashes(token_ids: Sequence[int], block_size: int) -> tuple[int, ...]:
-    """Chained hashes of the prompt's full blocks: block i's hash covers every token before it too."""
-    out: list[int] = []
-    prev = 0
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
-        # Hashes of int tuples are not randomised per process, so they are stable across runs.
-        prev = hash((prev, tuple(token_ids[start : start + block_size])))
-        out.append(prev)
-    return tuple(out)
-
-
-class PrefixCache:
-    """LRU set of cached prompt blocks. Blocks of running sequences are pinned and never evicted."""
-
-    def __init__(self) -> None:
-        self._lru: OrderedDict[int, None] = OrderedDict()
-        self._pins: dict[int, int] = {}
-
-    def __len__(self) -> int:
-        return len(self._lru)
-
-    def match(self, hashes: Sequence[int]) -> int:
-        """How many leading blocks of ``hashes`` are cached."""
-        for i, h in enumerate(hashes):
-            if h not in self._lru:
-                return i
-        return len(hashes)
-
-    def pin(self, hashes: Iterable[int]) -> None:
-        for h in hashes:
-            self._lru[h] = None
-            self._lru.move_to_end(h)
-            self._pins[h] = self._pins.get(h, 0) + 1
-
-    def unpin(self, hashes: Iterable[int]) -> None:
-        for h in hashes:
-            left = self._pins.get(h, 0) - 1
-            if left > 0:
-                self._pins[h] = left
-            else:
-                self._pins.pop(h, None)
-
-    def trim(self, max_unpinned: int) -> None:
-        """Evict least recently used unpinned blocks until at most ``max_unpinned`` remain."""
-        excess = len(self._lru) - len(self._pins) - max(max_unpinned, 0)
-        if excess <= 0:
-            return
-        victims = list(itertools.islice((h for h in self._lru if h not in self._pins), excess))
-        for h in victims:
-            del self._lru[h]
-
-    def clear(self) -> None:
-        """Forget unpinned blocks (pinned ones belong to running sequences and stay)."""
-        self.trim(0)
-
-
 @dataclass(eq=False)
 class SimSequence:
     """One request inside the model. ``stop_after`` forces an early "stop" (the ``tokens=N`` fault)."""
@@ -161,6 +109,8 @@ class SimSequence:
     cached_tokens: int = 0
     generated: int = 0
     finish_reason: str | None = None
+    arrived_at: float = 0.0  # model time (BatchCore.clock) of submission and of admission
+    admitted_at: float = 0.0
 
     @property
     def target(self) -> int:
@@ -190,10 +140,11 @@ class ModelCounters:
     decode_seconds: float = 0.0
     max_seq_tokens: int = 0  # largest prompt + generated seen (llama.cpp's n_tokens_max)
     finished: dict[str, int] = field(default_factory=lambda: {"stop": 0, "length": 0, "abort": 0})
+    latency: LatencyStats = field(default_factory=LatencyStats)
 
 
 class BatchCore:
-    """Continuous batching without a clock.
+    """Continuous batching without a wall clock.
 
     Each step: admit waiting sequences FIFO while ``max_batch`` and the KV budget allow (admission
     reserves prompt + output tokens, so nothing is ever preempted; a lone sequence larger than the
@@ -210,6 +161,8 @@ class BatchCore:
         self.counters = ModelCounters()
         self._reserved = 0
         self._ids = itertools.count(1)
+        self.clock = 0.0  # model time: the sum of the steps' durations so far
+        self._step_s = 0.0
 
     @property
     def has_work(self) -> bool:
@@ -231,6 +184,7 @@ class BatchCore:
     def submit(self, seq: SimSequence) -> None:
         seq.seq_id = next(self._ids)
         seq.state = "waiting"
+        seq.arrived_at = self.clock
         self.waiting.append(seq)
 
     def abort(self, seq: SimSequence) -> bool:
@@ -258,27 +212,37 @@ class BatchCore:
             self.waiting.popleft()
             prefill += self._admit(seq)
         if not self.running:
+            self._step_s = 0.0
             return 0.0
         decode = self.params.step_time(len(self.running))
         prefill_s = prefill / self.params.prefill_tokens_per_s
         self.counters.prefill_tokens += prefill
         self.counters.prefill_seconds += prefill_s
         self.counters.decode_seconds += decode
-        return decode + prefill_s
+        self._step_s = decode + prefill_s
+        return self._step_s
 
     def end_step(self) -> list[SimSequence]:
         """Give every running sequence one token; return them (finished ones have ``state == "finished"``)."""
         advanced = list(self.running)
+        self.clock += self._step_s
+        latency = self.counters.latency
         self.counters.steps += 1
         self.counters.busy_slot_steps += len(advanced)
         self.counters.generation_tokens += len(advanced)
         for seq in advanced:
             seq.generated += 1
+            if seq.generated == 1:
+                latency.ttft.observe(self.clock - seq.arrived_at)
+            else:
+                latency.inter_token.observe(self._step_s)
             self.counters.max_seq_tokens = max(self.counters.max_seq_tokens, seq.prompt_tokens + seq.generated)
             if seq.generated >= seq.target:
                 seq.state = "finished"
                 seq.finish_reason = "length" if seq.target >= seq.max_tokens else "stop"
                 self.counters.finished[seq.finish_reason] += 1
+                latency.e2e.observe(self.clock - seq.arrived_at)
+                latency.queue.observe(seq.admitted_at - seq.arrived_at)
                 self.running.remove(seq)
                 self._release(seq)
         return advanced
@@ -291,6 +255,7 @@ class BatchCore:
         seq.cached_tokens = matched * bs
         self.cache.pin(seq.hashes)
         seq.state = "running"
+        seq.admitted_at = self.clock
         self.running.append(seq)
         self._reserved += seq.reserved
         self.counters.prompt_tokens += seq.prompt_tokens

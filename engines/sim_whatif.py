@@ -25,7 +25,8 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from engines.sim_model import BatchCore, SimParams, SimSequence, block_hashes
+from engines.sim_cache import block_hashes
+from engines.sim_model import BatchCore, SimParams, SimSequence
 
 Policy = Callable[[Sequence[BatchCore], SimSequence], int]
 

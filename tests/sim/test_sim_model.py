@@ -9,9 +9,10 @@ import statistics
 
 import pytest
 
+from engines.sim_cache import PrefixCache, block_hashes
 from engines.sim_engine import SimEngine
 from engines.sim_faults import Fault, FaultSpecError, parse_fault
-from engines.sim_model import BatchCore, PrefixCache, SimParams, SimSequence, block_hashes
+from engines.sim_model import BatchCore, SimParams, SimSequence
 from engines.sim_text import (
     IM_END,
     IM_START,

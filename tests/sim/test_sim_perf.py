@@ -5,6 +5,7 @@ speed for aggregate throughput."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable
 
@@ -33,7 +34,7 @@ async def ttft(c: httpx.AsyncClient, body: dict[str, object]) -> tuple[float, in
             if '"content":"' in line and not first and '"content":""' not in line:
                 first = time.monotonic() - start
             if '"usage":{' in line:
-                cached = int(line.split('"cached_tokens":')[1].split("}")[0])
+                cached = json.loads(line.removeprefix("data: "))["usage"]["prompt_tokens_details"]["cached_tokens"]
     return first, cached
 
 
