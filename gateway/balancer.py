@@ -144,8 +144,9 @@ class PrefixAffinity:
     prompt), walking the rendezvous order fills n/(1+epsilon) backends to the bound and leaves the rest
     idle (1 of 8 at epsilon 0.25), for the same worst case and no better prefix reuse."""
 
-    def __init__(self, epsilon: float, max_entries: int = AFFINITY_MAX_ENTRIES) -> None:
+    def __init__(self, epsilon: float, max_entries: int = AFFINITY_MAX_ENTRIES, slack: int = 0) -> None:
         self._epsilon = epsilon
+        self._slack = slack
         self._max_entries = max_entries
         self._table: OrderedDict[int, tuple[str, int]] = OrderedDict()
         """block hash -> (backend, the block's index in the fingerprint)"""
@@ -169,7 +170,8 @@ class PrefixAffinity:
         if learned is not None:
             preferred.sort(key=lambda c: c.name != learned)  # stable: the rest keep rendezvous order
         loads = {c.name: candidate_load(c) for c in preferred}
-        capacity = math.ceil((1.0 + self._epsilon) * (sum(loads.values()) + 1.0) / len(loads))
+        mean_after = (sum(loads.values()) + 1.0) / len(loads)
+        capacity = max(math.ceil((1.0 + self._epsilon) * mean_after), mean_after + self._slack)
         favourite = preferred[0]
         # Retries and spills go to the least loaded; equal loads keep the preference order (stable).
         if loads[favourite.name] + 1.0 <= capacity:
@@ -220,7 +222,7 @@ def make_balancer(kind: BalancerKind, pool: PoolConfig) -> Balancer:
     if kind == "least_load":
         return LeastLoad()
     if kind == "prefix_affinity":
-        return PrefixAffinity(pool.affinity_epsilon)
+        return PrefixAffinity(pool.affinity_epsilon, slack=pool.affinity_slack)
     if kind == "round_robin":
         return RoundRobin()
     if kind == "session":

@@ -114,6 +114,9 @@ class PoolConfig(_Model):
     backends: Annotated[tuple[BackendConfig, ...], Field(min_length=1)]
     session_header: str = "x-session-id"
     affinity_epsilon: Annotated[float, Field(ge=0)] = 0.25
+    affinity_slack: Annotated[int, Field(ge=0)] = 4
+    """prefix_affinity: the favourite may also run this many requests above the mean load, so that
+    small pools at low load keep their caches instead of spilling on every chance imbalance."""
     """prefix_affinity spills to the next choice past (1+epsilon) x the pool's mean load."""
 
 
