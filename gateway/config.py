@@ -69,7 +69,10 @@ class RetryConfig(_Model):
 
 class HealthConfig(_Model):
     interval_s: Annotated[float, Field(gt=0)] = 5.0
-    timeout_s: Annotated[float, Field(gt=0)] = 2.0
+    timeout_s: Annotated[float, Field(gt=0)] = 5.0
+    failed_checks: Annotated[int, Field(ge=1)] = 2
+    """Consecutive failed active checks before a healthy backend is marked unhealthy: one slow
+    answer from a busy engine must not take it out of rotation."""
     unhealthy_after: Annotated[int, Field(ge=1)] = 5
     """Consecutive passive failures (connect errors, 5xx) before a backend is ejected."""
     scrape_interval_s: Annotated[float, Field(ge=0.25)] = 1.0

@@ -37,11 +37,12 @@ class HealthChecker:
         results = await asyncio.gather(*(self.check(b) for b in backends))
         for backend, ok in zip(backends, results, strict=True):
             was = backend.healthy
-            self._registry.set_health(backend, ok)
-            self._metrics.backend_up.labels(backend.pool, backend.name, backend.engine).set(1 if ok else 0)
-            if was != ok:
-                log.log(logging.INFO if ok else logging.WARNING,"backend %s (%s) is now %s", backend.name, backend.pool,
-                            "healthy" if ok else "unhealthy")
+            self._registry.record_check(backend, ok)
+            now = backend.healthy
+            self._metrics.backend_up.labels(backend.pool, backend.name, backend.engine).set(1 if now else 0)
+            if was != now:
+                log.log(logging.INFO if now else logging.WARNING, "backend %s (%s) is now %s", backend.name,
+                        backend.pool, "healthy" if now else "unhealthy")
 
     async def run(self) -> None:
         while True:

@@ -27,6 +27,7 @@ class Backend:
     healthy: bool = False
     checked: bool = False
     consecutive_failures: int = 0
+    failed_checks: int = 0
     in_flight: int = 0
     load: EngineLoad | None = None
     labels: dict[str, str] = field(default_factory=dict)
@@ -132,6 +133,17 @@ class Registry:
         if healthy and not backend.healthy:
             backend.consecutive_failures = 0
         backend.healthy = healthy
+
+    def record_check(self, backend: Backend, ok: bool) -> None:
+        """One active health check's result. A backend never checked before takes the result at once
+        (start-up); a healthy one is marked down only after `failed_checks` failures in a row."""
+        if ok:
+            backend.failed_checks = 0
+            self.set_health(backend, True)
+            return
+        backend.failed_checks += 1
+        if not backend.checked or not backend.healthy or backend.failed_checks >= self._config.health.failed_checks:
+            self.set_health(backend, False)
 
     def set_load(self, backend: Backend, load: EngineLoad) -> None:
         backend.load = load
