@@ -10,12 +10,13 @@ import logging
 import signal
 import threading
 from collections.abc import Coroutine, Iterator
+from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
 import uvicorn
 
-from gateway.app import create_app
+from gateway.app import Gateway, create_app
 from gateway.config import GatewayConfig
 from gateway.rules import Platform
 
@@ -67,6 +68,42 @@ async def serve(config: GatewayConfig, host: str, port: int, platform: Platform 
     if started is not None:
         started.set()
     await task
+
+
+@dataclass
+class Running:
+    """A gateway serving in the current loop (tests, benchmarks, tools): where, and how to stop."""
+
+    server: GatewayServer
+    task: asyncio.Task[None]
+    port: int
+    gateway: Gateway
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def stop(self) -> None:
+        self.server.should_exit = True
+        await self.task
+
+
+async def start(config: GatewayConfig, host: str = "127.0.0.1", port: int = 0, platform: Platform | None = None,
+                log_level: str = "warning", timeout_s: float = 10.0) -> Running:
+    """Start serving in this loop and return once the socket listens (port 0 picks a free one)."""
+    uv = uvicorn_config(config, host, port, platform, log_level)
+    server = GatewayServer(uv)
+    task = asyncio.create_task(server.serve())
+    async with asyncio.timeout(timeout_s):
+        while not server.started:
+            if task.done():
+                task.result()
+                raise RuntimeError("the gateway stopped before it started")
+            await asyncio.sleep(0.005)
+    app = uv.loaded_app
+    while not hasattr(app, "state"):
+        app = app.app
+    return Running(server, task, server.servers[0].sockets[0].getsockname()[1], app.state.gateway)
 
 
 def tune_gc() -> None:

@@ -15,7 +15,7 @@ import uvicorn
 from engines.sim import SimParams, SimServer
 from gateway.app import Gateway
 from gateway.config import parse_config
-from gateway.server import GatewayServer, uvicorn_config
+from gateway.server import start
 
 
 @dataclass
@@ -88,19 +88,8 @@ async def make_stack() -> AsyncIterator[StackFactory]:
                 "health": {"interval_s": 60, "scrape_interval_s": 60, **sections.pop("health", {})},
                 **sections}
         config = parse_config(data, env={})
-        uv = uvicorn_config(config, "127.0.0.1", 0, platform=platform, log_level="warning")
-        server = GatewayServer(uv)
-        task = asyncio.create_task(server.serve())
-        async with asyncio.timeout(10):
-            while not server.started:
-                if task.done():
-                    task.result()
-                await asyncio.sleep(0.005)
-        port = server.servers[0].sockets[0].getsockname()[1]
-        app = uv.loaded_app
-        while hasattr(app, "app") and not hasattr(app, "state"):
-            app = app.app
-        stack = Stack(f"http://127.0.0.1:{port}", sims, app.state.gateway, server, task)
+        running = await start(config, platform=platform)  # type: ignore[arg-type]
+        stack = Stack(running.base_url, sims, running.gateway, running.server, running.task)
         stacks.append(stack)
         return stack
 

@@ -95,7 +95,7 @@ def _gateway_config(urls: dict[str, str]) -> dict[str, Any]:
 async def _stack(tmp: Path) -> AsyncIterator[Stack]:
     from engines.sim import SimParams, SimServer
     from gateway.config import parse_config
-    from gateway.server import GatewayServer, uvicorn_config
+    from gateway.server import start
 
     def sim(flavour: str = "vllm", **extra: Any) -> SimServer:
         # 5 ms a token at batch 1: a 12-token answer streams for ~60-100 ms.
@@ -111,21 +111,11 @@ async def _stack(tmp: Path) -> AsyncIterator[Stack]:
             await s.start()
             started.append(s)
         config = parse_config(_gateway_config({n: s.base_url for n, s in sims.items()}), env={})
-        uv = uvicorn_config(config, "127.0.0.1", 0, platform="nvidia_gpu", log_level="warning")
-        server = GatewayServer(uv)
-        task = asyncio.create_task(server.serve())
-        async with asyncio.timeout(10):
-            while not server.started:
-                if task.done():
-                    task.result()
-                await asyncio.sleep(0.01)
-        port = server.servers[0].sockets[0].getsockname()[1]
-        app = uv.loaded_app
-        while hasattr(app, "app") and not hasattr(app, "state"):
-            app = app.app
+        running = await start(config, platform="nvidia_gpu")
+        server, task, port = running.server, running.task, running.port
         prometheus = await asyncio.to_thread(start_prometheus, tmp / "prometheus", f"127.0.0.1:{port}")
         await asyncio.to_thread(prometheus.wait_for_targets_up)
-        yield Stack(f"http://127.0.0.1:{port}", app.state.gateway, prometheus)
+        yield Stack(running.base_url, running.gateway, prometheus)
     finally:
         if prometheus is not None:
             prometheus.stop()
