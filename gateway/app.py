@@ -73,6 +73,10 @@ def create_app(config: GatewayConfig, platform: Platform | None = None) -> Gatew
         await gw.upstream.start()
         # One health round before serving, so /readyz and routing are right from the first request.
         await gw.health.check_all()
+        for backend in gw.registry:
+            if not backend.healthy:
+                log.warning("backend %s (pool %s, %s) is not healthy at start-up: %s%s does not answer 2xx",
+                            backend.name, backend.pool, backend.engine, backend.url, backend.adapter.health_path)
         tasks = [asyncio.create_task(gw.health.run(), name="health"),
                  asyncio.create_task(gw.scraper.run(), name="scraper")]
         try:
