@@ -101,6 +101,9 @@ class BackendConfig(_Model):
     model: str | None = None
     """The model name this backend serves; sent upstream in place of the client's name."""
     max_in_flight: Annotated[int, Field(ge=1)] | None = None
+    discover: bool = False
+    """Resolve the URL's host name every health round and make each address a backend: the
+    headless-Service DNS of Kubernetes, where one name lists every engine pod."""
 
     @model_validator(mode="after")
     def _check_url(self) -> BackendConfig:

@@ -4,7 +4,9 @@ path and flips it in the registry. Passive ejection (5xx, connect errors) lives 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import socket
 
 from gateway.config import HealthConfig
 from gateway.errors import GatewayError
@@ -32,10 +34,43 @@ class HealthChecker:
             return False
         return 200 <= status < 300
 
+    async def discover(self) -> None:
+        """Resolve every `discover: true` entry and update its members. A failed lookup keeps the
+        members it had: DNS trouble must not empty a pool."""
+        loop = asyncio.get_running_loop()
+        for entry in self._registry.discovered:
+            try:
+                async with asyncio.timeout(self._config.timeout_s):
+                    infos = await loop.getaddrinfo(entry.host, entry.port, type=socket.SOCK_STREAM)
+            except (OSError, TimeoutError) as exc:
+                log.warning("cannot resolve %s for pool %s: %s", entry.host, entry.pool, exc)
+                continue
+            addresses = sorted({str(info[4][0]) for info in infos})
+            added, removed = self._registry.apply_discovery(entry, addresses)
+            for backend in added:
+                log.info("discovered backend %s (pool %s) at %s", backend.name, backend.pool, backend.url)
+            for backend in removed:
+                log.info("backend %s (pool %s) left DNS", backend.name, backend.pool)
+                self._forget(backend)
+
+    def _forget(self, backend: Backend) -> None:
+        """Drop a gone backend's series, so /metrics does not keep reporting it."""
+        m = self._metrics
+        for metric, labels in ((m.backend_up, (backend.pool, backend.name, backend.engine)),
+                               (m.scrape_age, (backend.pool, backend.name))):
+            with contextlib.suppress(KeyError):
+                metric.remove(*labels)
+        for signal in ("running", "waiting", "kv_usage", "prefix_hit_rate"):
+            with contextlib.suppress(KeyError):
+                m.backend_load.remove(backend.pool, backend.name, backend.engine, signal)
+
     async def check_all(self) -> None:
+        await self.discover()
         backends = list(self._registry)
         results = await asyncio.gather(*(self.check(b) for b in backends))
         for backend, ok in zip(backends, results, strict=True):
+            if backend.retired:
+                continue
             was = backend.healthy
             self._registry.record_check(backend, ok)
             now = backend.healthy

@@ -7,11 +7,12 @@ import asyncio
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit, urlunsplit
 
 from engines.adapters import adapter_for
 from engines.base import EngineAdapter, EngineLoad
 from gateway.balancer import Candidate
-from gateway.config import GatewayConfig, backend_name
+from gateway.config import BackendConfig, GatewayConfig, backend_name
 
 
 @dataclass(eq=False)
@@ -31,6 +32,8 @@ class Backend:
     in_flight: int = 0
     load: EngineLoad | None = None
     labels: dict[str, str] = field(default_factory=dict)
+    retired: bool = False
+    """Gone from DNS: takes no new requests, and leaves the registry when its last one ends."""
 
     def auth_headers(self) -> dict[str, str]:
         """The backend's own key, for every call the gateway makes to it."""
@@ -42,16 +45,53 @@ class Backend:
                          max_in_flight=self.max_in_flight)
 
 
+@dataclass(eq=False)
+class Discovered:
+    """A `discover: true` backend entry: its members are the addresses its host name resolves to."""
+
+    pool: str
+    base: str
+    config: BackendConfig
+    adapter: EngineAdapter
+    members: dict[str, Backend] = field(default_factory=dict)
+    """address -> the backend made for it"""
+
+    @property
+    def host(self) -> str:
+        return urlsplit(self.config.url).hostname or ""
+
+    @property
+    def port(self) -> int:
+        url = urlsplit(self.config.url)
+        return url.port or (443 if url.scheme == "https" else 80)
+
+    @staticmethod
+    def suffix(address: str) -> str:
+        return address.replace(":", "-")
+
+    def member_name(self, address: str) -> str:
+        return f"{self.base}-{self.suffix(address)}"
+
+    def url_for(self, address: str) -> str:
+        url = urlsplit(self.config.url.rstrip("/"))
+        host = f"[{address}]" if ":" in address else address
+        return urlunsplit((url.scheme, f"{host}:{self.port}", url.path, "", ""))
+
+
 class Registry:
     def __init__(self, config: GatewayConfig) -> None:
         self._config = config
         self.pools: dict[str, list[Backend]] = {}
         self.by_name: dict[str, Backend] = {}
+        self.discovered: list[Discovered] = []
         for pool_name, pool in config.pools.items():
             members = []
             # A simulator speaks one real engine's API exactly, so it is driven by that adapter.
             adapter = adapter_for(pool.flavour if pool.engine == "sim" else pool.engine)
             for i, b in enumerate(pool.backends):
+                if b.discover:
+                    self.discovered.append(Discovered(pool_name, backend_name(pool_name, i, b), b, adapter))
+                    continue
                 backend = Backend(
                     pool=pool_name, name=backend_name(pool_name, i, b), engine=pool.engine,
                     url=b.url.rstrip("/"), api_key=(b.api_key.get_secret_value() or None) if b.api_key else None,
@@ -69,14 +109,49 @@ class Registry:
         return iter(self.by_name.values())
 
     def pool_available(self, pool: str) -> bool:
-        return any(b.healthy for b in self.pools.get(pool, ()))
+        return any(b.healthy and not b.retired for b in self.pools.get(pool, ()))
 
     def any_healthy(self) -> bool:
         return any(b.healthy for b in self.by_name.values())
 
     def candidates(self, pool: str, now: float) -> list[Candidate]:
         stale = self._config.health.scrape_stale_s
-        return [b.candidate(now, stale) for b in self.pools.get(pool, ()) if b.healthy]
+        return [b.candidate(now, stale) for b in self.pools.get(pool, ()) if b.healthy and not b.retired]
+
+    def apply_discovery(self, entry: Discovered, addresses: list[str]) -> tuple[list[Backend], list[Backend]]:
+        """Make the entry's members exactly `addresses`: (added, removed). A removed member with
+        requests in flight is retired and leaves the registry when its last request ends."""
+        added: list[Backend] = []
+        removed: list[Backend] = []
+        for address, backend in list(entry.members.items()):
+            if self.by_name.get(backend.name) is not backend:
+                del entry.members[address]
+        for address in addresses:
+            backend = entry.members.get(address)
+            if backend is not None:
+                backend.retired = False  # back in DNS before its last request ended
+                continue
+            cfg = entry.config
+            backend = Backend(
+                pool=entry.pool, name=entry.member_name(address), engine=self._config.pools[entry.pool].engine,
+                url=entry.url_for(address), api_key=(cfg.api_key.get_secret_value() or None) if cfg.api_key else None,
+                model=cfg.model, max_in_flight=cfg.max_in_flight, adapter=entry.adapter,
+            )
+            entry.members[address] = backend
+            self.pools[entry.pool].append(backend)
+            self.by_name[backend.name] = backend
+            added.append(backend)
+        for address, backend in list(entry.members.items()):
+            if address not in addresses and not backend.retired:
+                backend.retired = True
+                removed.append(backend)
+                self._drop_if_idle(backend)
+        return added, removed
+
+    def _drop_if_idle(self, backend: Backend) -> None:
+        if backend.retired and backend.in_flight == 0 and self.by_name.get(backend.name) is backend:
+            del self.by_name[backend.name]
+            self.pools[backend.pool].remove(backend)
 
     def has_capacity(self, backend: Backend) -> bool:
         return backend.max_in_flight is None or backend.in_flight < backend.max_in_flight
@@ -88,6 +163,7 @@ class Registry:
     def release(self, backend: Backend) -> None:
         backend.in_flight -= 1
         self.total_in_flight -= 1
+        self._drop_if_idle(backend)
         self._wake(backend.pool)
 
     def _wake(self, pool: str) -> None:

@@ -38,3 +38,25 @@ async def test_full_queue_is_429(make_stack: StackFactory) -> None:
     assert codes == [200, 200, 429, 429]
     assert all("retry-after" in r.headers for r in replies if r.status_code == 429)
     assert stack.total("gateway_requests_total", outcome="overloaded") == 2
+
+
+async def test_backends_discovered_through_dns(make_stack: StackFactory) -> None:
+    """`discover: true`: the host name's addresses become the pool's backends (Kubernetes headless
+    Services). `localhost` resolves to 127.0.0.1 here, where the simulated engine listens."""
+    stack = await make_stack()
+    sim = stack.sims["vllm-0"]
+    from gateway.config import parse_config
+    from gateway.server import start
+
+    config = parse_config({"pools": {"p": {"engine": "sim", "backends": [
+        {"url": f"http://localhost:{sim.port}", "discover": True, "model": "tiny"}]}},
+        "routes": [{"model": "tiny", "pools": ["p"]}]}, env={})
+    running = await start(config)
+    try:
+        names = sorted(running.gateway.registry.by_name)
+        assert "p-0-127.0.0.1" in names
+        async with httpx.AsyncClient() as client:
+            r = await client.post(running.base_url + "/v1/chat/completions", json=chat(max_tokens=1))
+        assert r.status_code == 200 and r.headers["x-gateway-backend"] == "p-0-127.0.0.1"
+    finally:
+        await running.stop()

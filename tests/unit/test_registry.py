@@ -51,3 +51,29 @@ def test_retry_budget_floor_and_ratio() -> None:
     for _ in range(50):
         reg.acquire(b)
     assert sum(reg.try_take_retry() for _ in range(20)) == 10  # 20 % of 50 in flight
+
+
+def test_dns_discovery_adds_retires_and_drops_members() -> None:
+    reg = Registry(parse_config({
+        "pools": {"p": {"engine": "vllm", "backends": [
+            {"url": "http://engines.svc:8000/x", "discover": True, "api_key": "k"}]}},
+        "routes": [{"model": "m", "pools": ["p"]}]}, env={}))
+    assert reg.pools["p"] == [] and len(reg.discovered) == 1
+    entry = reg.discovered[0]
+    added, removed = reg.apply_discovery(entry, ["10.0.0.1", "10.0.0.2", "fd00::3"])
+    assert [b.name for b in added] == ["p-0-10.0.0.1", "p-0-10.0.0.2", "p-0-fd00--3"] and removed == []
+    assert reg.by_name["p-0-fd00--3"].url == "http://[fd00::3]:8000/x"
+    assert reg.by_name["p-0-10.0.0.1"].api_key == "k"
+    busy = reg.by_name["p-0-10.0.0.2"]
+    reg.acquire(busy)
+    added, removed = reg.apply_discovery(entry, ["10.0.0.1"])
+    assert added == [] and {b.name for b in removed} == {"p-0-10.0.0.2", "p-0-fd00--3"}
+    assert "p-0-fd00--3" not in reg.by_name          # idle: gone at once
+    assert busy.retired and "p-0-10.0.0.2" in reg.by_name  # busy: stays until its request ends
+    for b in reg:
+        reg.record_check(b, True)
+    assert [c.name for c in reg.candidates("p", 0.0)] == ["p-0-10.0.0.1"]  # a retired member takes nothing new
+    reg.release(busy)
+    assert "p-0-10.0.0.2" not in reg.by_name
+    added, _ = reg.apply_discovery(entry, ["10.0.0.1", "10.0.0.2"])  # it came back
+    assert [b.name for b in added] == ["p-0-10.0.0.2"]
