@@ -1,13 +1,13 @@
 """create_app(config): the one composition root. Every long-lived object (the aiohttp session,
-the registry, the metrics, background tasks) is built here and lives in lifespan, not globals."""
+the registry, the metrics, background tasks) is built here and lives in lifespan, not globals;
+reload(config) builds the next one and swaps it in."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -47,8 +47,9 @@ class Gateway:
     lifecycle: Lifecycle
 
 
-def build(config: GatewayConfig, platform: Platform | None = None) -> Gateway:
-    metrics = GatewayMetrics()
+def build(config: GatewayConfig, platform: Platform | None = None, metrics: GatewayMetrics | None = None,
+          lifecycle: Lifecycle | None = None) -> Gateway:
+    metrics = metrics or GatewayMetrics()
     registry = Registry(config)
     upstream = UpstreamClient(config.timeouts)
     resolved = platform or resolve_platform(config.routing.platform)
@@ -61,56 +62,132 @@ def build(config: GatewayConfig, platform: Platform | None = None) -> Gateway:
                     first_byte_s=config.timeouts.first_byte_s),
         health=HealthChecker(registry, upstream, metrics, config.health),
         scraper=LoadScraper(registry, upstream, metrics, config.health),
-        lifecycle=Lifecycle(),
+        lifecycle=lifecycle or Lifecycle(),
     )
 
 
-def create_app(config: GatewayConfig, platform: Platform | None = None) -> GatewayApp:
-    gw = build(config, platform)
+@dataclass
+class _Served:
+    """One config's gateway and the ASGI apps in front of it."""
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        await gw.upstream.start()
-        # One health round before serving, so /readyz and routing are right from the first request.
-        await gw.health.check_all()
-        for backend in gw.registry:
-            if not backend.healthy:
-                log.warning("backend %s (pool %s, %s) is not healthy at start-up: %s%s does not answer 2xx",
-                            backend.name, backend.pool, backend.engine, backend.url, backend.adapter.health_path)
-        tasks = [asyncio.create_task(gw.health.run(), name="health"),
-                 asyncio.create_task(gw.scraper.run(), name="scraper")]
-        try:
-            yield
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            await gw.upstream.close()
+    gateway: Gateway
+    app: Starlette
+    fast: dict[str, CompletionEndpoint]
+    tasks: list[asyncio.Task[None]]
 
+
+def _assemble(gw: Gateway) -> _Served:
     endpoints = [
-        CompletionEndpoint(kind, config, gw.registry, gw.router, gw.caps, gw.proxy, gw.metrics, gw.lifecycle)
+        CompletionEndpoint(kind, gw.config, gw.registry, gw.router, gw.caps, gw.proxy, gw.metrics, gw.lifecycle)
         for kind in ("chat", "completions", "embeddings")
     ]
-    routes = Endpoints(config, gw.registry, gw.metrics, gw.scraper, gw.lifecycle).routes(endpoints)
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_exception})
+    routes = Endpoints(gw.config, gw.registry, gw.metrics, gw.scraper, gw.lifecycle).routes(endpoints)
+    app = Starlette(routes=routes, exception_handlers={HTTPException: http_exception})
     app.state.gateway = gw
-    return GatewayApp(app, {e.path: e for e in endpoints})
+    return _Served(gw, app, {e.path: e for e in endpoints}, [])
+
+
+async def _start(served: _Served) -> None:
+    gw = served.gateway
+    await gw.upstream.start()
+    # One health round before serving, so /readyz and routing are right from the first request.
+    await gw.health.check_all()
+    for backend in gw.registry:
+        if not backend.healthy:
+            log.warning("backend %s (pool %s, %s) is not healthy at start-up: %s%s does not answer 2xx",
+                        backend.name, backend.pool, backend.engine, backend.url, backend.adapter.health_path)
+    served.tasks = [asyncio.create_task(gw.health.run(), name="health"),
+                    asyncio.create_task(gw.scraper.run(), name="scraper")]
+
+
+async def _stop(served: _Served) -> None:
+    for task in served.tasks:
+        task.cancel()
+    await asyncio.gather(*served.tasks, return_exceptions=True)
+    await served.gateway.upstream.close()
+
+
+def create_app(config: GatewayConfig, platform: Platform | None = None) -> GatewayApp:
+    return GatewayApp(config, platform)
 
 
 class GatewayApp:
-    """The ASGI entry point. The completion paths go straight to their endpoint, skipping
-    Starlette's middleware and routing (~17 us a request, measured); everything else, lifespan
-    included, goes through Starlette."""
+    """The ASGI entry point and the one composition root. The completion paths go straight to
+    their endpoint, skipping Starlette's middleware and routing (~17 us a request, measured);
+    everything else goes through Starlette; lifespan is handled here.
 
-    def __init__(self, app: Starlette, fast: dict[str, CompletionEndpoint]) -> None:
-        self.app = app
-        self.state = app.state
-        self._fast = fast
+    reload(config) builds a whole new gateway (registry, session, router, background tasks) and
+    swaps it in: new requests use it at once, requests in flight finish on the old one, whose
+    session closes when they are done. Metrics and the draining flag carry over."""
+
+    def __init__(self, config: GatewayConfig, platform: Platform | None = None) -> None:
+        self._platform = platform
+        self._metrics = GatewayMetrics()
+        self._lifecycle = Lifecycle()
+        self._served = _assemble(build(config, platform, self._metrics, self._lifecycle))
+        self._retiring: set[asyncio.Task[None]] = set()
+
+    @property
+    def app(self) -> Starlette:
+        return self._served.app
+
+    @property
+    def state(self) -> Any:
+        return self._served.app.state
+
+    @property
+    def gateway(self) -> Gateway:
+        return self._served.gateway
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        served = self._served
         if scope["type"] == "http" and scope["method"] == "POST":
-            endpoint = self._fast.get(scope["path"])
+            endpoint = served.fast.get(scope["path"])
             if endpoint is not None:
                 await endpoint(scope, receive, send)
                 return
-        await self.app(scope, receive, send)
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        await served.app(scope, receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    await _start(self._served)
+                except Exception as exc:  # reported to uvicorn, which refuses to start
+                    log.exception("start-up failed")
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await asyncio.gather(*self._retiring, return_exceptions=True)
+                await _stop(self._served)
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def reload(self, config: GatewayConfig) -> None:
+        """Swap in a gateway built from `config`; the old one drains in the background."""
+        new = _assemble(build(config, self._platform, self._metrics, self._lifecycle))
+        await _start(new)
+        old, self._served = self._served, new
+        gone = {b.name for b in old.gateway.registry} - {b.name for b in new.gateway.registry}
+        task = asyncio.create_task(self._retire(old, gone, config.server.drain_timeout_s), name="retire")
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+        log.info("config reloaded: %d pools, %d routes", len(config.pools), len(config.routes))
+
+    async def _retire(self, old: _Served, gone: set[str], drain_s: float) -> None:
+        for task in old.tasks:  # the new gateway checks health and scrapes load from now on
+            task.cancel()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + drain_s
+        while old.gateway.registry.total_in_flight and loop.time() < deadline:
+            await asyncio.sleep(0.1)
+        await _stop(old)
+        for backend in old.gateway.registry:
+            if backend.name in gone:
+                old.gateway.health.forget(backend)
+

@@ -34,7 +34,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
     host = args.host or config.server.host
     port = config.server.port if args.port is None else args.port
-    run(serve(config, host, port, log_level=args.log_level))
+    run(serve(config, host, port, log_level=args.log_level, config_path=args.config))
     return 0
 
 

@@ -51,9 +51,9 @@ class HealthChecker:
                 log.info("discovered backend %s (pool %s) at %s", backend.name, backend.pool, backend.url)
             for backend in removed:
                 log.info("backend %s (pool %s) left DNS", backend.name, backend.pool)
-                self._forget(backend)
+                self.forget(backend)
 
-    def _forget(self, backend: Backend) -> None:
+    def forget(self, backend: Backend) -> None:
         """Drop a gone backend's series, so /metrics does not keep reporting it."""
         m = self._metrics
         for metric, labels in ((m.backend_up, (backend.pool, backend.name, backend.engine)),

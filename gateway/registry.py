@@ -123,8 +123,8 @@ class Registry:
         requests in flight is retired and leaves the registry when its last request ends."""
         added: list[Backend] = []
         removed: list[Backend] = []
-        for address, backend in list(entry.members.items()):
-            if self.by_name.get(backend.name) is not backend:
+        for address, member in list(entry.members.items()):
+            if self.by_name.get(member.name) is not member:
                 del entry.members[address]
         for address in addresses:
             backend = entry.members.get(address)

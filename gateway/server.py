@@ -8,6 +8,7 @@ import contextlib
 import gc
 import logging
 import signal
+import socket
 import threading
 from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass
@@ -16,14 +17,52 @@ from typing import Any
 
 import uvicorn
 
-from gateway.app import Gateway, create_app
-from gateway.config import GatewayConfig
+from gateway.app import Gateway, GatewayApp, create_app
+from gateway.config import ConfigError, GatewayConfig, load_config
 from gateway.rules import Platform
+
+log = logging.getLogger(__name__)
 
 
 class GatewayServer(uvicorn.Server):
     """uvicorn, plus: the first SIGTERM/SIGINT marks the gateway draining (readiness fails at once)
-    before uvicorn stops accepting connections and waits up to drain_timeout_s for requests."""
+    before uvicorn stops accepting connections and waits up to drain_timeout_s for requests; and
+    SIGHUP reloads the config file, when there is one (an invalid file keeps the running config)."""
+
+    def __init__(self, config: uvicorn.Config, config_path: str | None = None) -> None:
+        super().__init__(config)
+        self.config_path = config_path
+        self._reloads: set[asyncio.Task[bool]] = set()
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        hup = self.config_path is not None and threading.current_thread() is threading.main_thread()
+        if hup:
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self._on_hup)
+        try:
+            await super().serve(sockets)
+        finally:
+            if hup:
+                asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
+
+    def _on_hup(self) -> None:
+        task = asyncio.get_running_loop().create_task(self.reload_from_file(), name="reload")
+        self._reloads.add(task)
+        task.add_done_callback(self._reloads.discard)
+
+    async def reload_from_file(self) -> bool:
+        """Load the config file again and swap it in; False (and the old config kept) if invalid."""
+        assert self.config_path is not None
+        try:
+            config = load_config(self.config_path)
+        except ConfigError as exc:
+            log.error("reload of %s refused, the running config stays: %s", self.config_path,
+                      "; ".join(exc.problems))
+            return False
+        app = self.config.loaded_app
+        while not isinstance(app, GatewayApp):
+            app = app.app
+        await app.reload(config)
+        return True
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         app = self.config.loaded_app
@@ -59,8 +98,8 @@ def uvicorn_config(config: GatewayConfig, host: str, port: int, platform: Platfo
 
 
 async def serve(config: GatewayConfig, host: str, port: int, platform: Platform | None = None,
-                log_level: str = "info", started: asyncio.Event | None = None) -> None:
-    server = GatewayServer(uvicorn_config(config, host, port, platform, log_level))
+                log_level: str = "info", started: asyncio.Event | None = None, config_path: str | None = None) -> None:
+    server = GatewayServer(uvicorn_config(config, host, port, platform, log_level), config_path)
     task = asyncio.create_task(server.serve())
     while not server.started and not task.done():
         await asyncio.sleep(0.01)
