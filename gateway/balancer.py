@@ -17,6 +17,9 @@ WAITING_WEIGHT = 1.0
 """least_load: a queued request costs this much on top of the one it already counts for."""
 KV_WEIGHT = 2.0
 """least_load: a full KV cache weighs like this many requests (it will queue or preempt soon)."""
+SLOW_START_LOAD = 8.0
+"""A backend just back from an outage looks this many requests busier, falling linearly to none over
+health.slow_start_s: it gets a ramped share, not a full one at once (a cold cache, a warming engine)."""
 AFFINITY_MAX_ENTRIES = 65_536
 """prefix_affinity: learned block hashes kept (log2(blocks) + 1 per request: ~10k recent prompts)."""
 
@@ -30,6 +33,8 @@ class Candidate:
     load: EngineLoad | None = None
     load_fresh: bool = False
     max_in_flight: int | None = None
+    ramp: float = 1.0
+    """Slow start: 0 just after re-admission, 1 once health.slow_start_s has passed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,10 +65,11 @@ def candidate_load(c: Candidate) -> float:
     """Requests on the backend: ours in flight or, when the scrape is fresh, what the engine reports
     running and waiting if that is more. A max, not a sum: the engine's count already includes ours,
     and summing would make a backend with a stale scrape look half as busy as a fresh one."""
+    ramp = SLOW_START_LOAD * (1.0 - c.ramp) if c.ramp < 1.0 else 0.0
     if c.load_fresh and c.load is not None:
         engine = (c.load.running or 0.0) + (c.load.waiting or 0.0)
-        return max(float(c.in_flight), engine)
-    return float(c.in_flight)
+        return max(float(c.in_flight), engine) + ramp
+    return float(c.in_flight) + ramp
 
 
 def least_load_score(c: Candidate) -> float:

@@ -73,6 +73,9 @@ class HealthConfig(_Model):
     failed_checks: Annotated[int, Field(ge=1)] = 2
     """Consecutive failed active checks before a healthy backend is marked unhealthy: one slow
     answer from a busy engine must not take it out of rotation."""
+    slow_start_s: Annotated[float, Field(ge=0)] = 30.0
+    """A backend re-admitted after an outage ramps from no share to its full share over this long
+    (least_load and prefix_affinity; 0 disables)."""
     unhealthy_after: Annotated[int, Field(ge=1)] = 5
     """Consecutive passive failures (connect errors, 5xx) before a backend is ejected."""
     scrape_interval_s: Annotated[float, Field(ge=0.25)] = 1.0

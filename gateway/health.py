@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+import time
 
 from gateway.config import HealthConfig
 from gateway.errors import GatewayError
@@ -72,7 +73,7 @@ class HealthChecker:
             if backend.retired:
                 continue
             was = backend.healthy
-            self._registry.record_check(backend, ok)
+            self._registry.record_check(backend, ok, time.monotonic())
             now = backend.healthy
             self._metrics.backend_up.labels(backend.pool, backend.name, backend.engine).set(1 if now else 0)
             if was != now:

@@ -33,16 +33,21 @@ class Backend:
     load: EngineLoad | None = None
     labels: dict[str, str] = field(default_factory=dict)
     retired: bool = False
+    readmitted_at: float | None = None
+    """time.monotonic() of the return from an outage, for slow start."""
     """Gone from DNS: takes no new requests, and leaves the registry when its last one ends."""
 
     def auth_headers(self) -> dict[str, str]:
         """The backend's own key, for every call the gateway makes to it."""
         return {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
-    def candidate(self, now: float, stale_s: float) -> Candidate:
+    def candidate(self, now: float, stale_s: float, slow_start_s: float = 0.0) -> Candidate:
         fresh = self.load is not None and now - self.load.scraped_at <= stale_s
+        ramp = 1.0
+        if self.readmitted_at is not None and slow_start_s > 0:
+            ramp = min(1.0, max(0.0, (now - self.readmitted_at) / slow_start_s))
         return Candidate(name=self.name, in_flight=self.in_flight, load=self.load, load_fresh=fresh,
-                         max_in_flight=self.max_in_flight)
+                         max_in_flight=self.max_in_flight, ramp=ramp)
 
 
 @dataclass(eq=False)
@@ -116,7 +121,8 @@ class Registry:
 
     def candidates(self, pool: str, now: float) -> list[Candidate]:
         stale = self._config.health.scrape_stale_s
-        return [b.candidate(now, stale) for b in self.pools.get(pool, ()) if b.healthy and not b.retired]
+        slow = self._config.health.slow_start_s
+        return [b.candidate(now, stale, slow) for b in self.pools.get(pool, ()) if b.healthy and not b.retired]
 
     def apply_discovery(self, entry: Discovered, addresses: list[str]) -> tuple[list[Backend], list[Backend]]:
         """Make the entry's members exactly `addresses`: (added, removed). A removed member with
@@ -204,18 +210,20 @@ class Registry:
     def record_success(self, backend: Backend) -> None:
         backend.consecutive_failures = 0
 
-    def set_health(self, backend: Backend, healthy: bool) -> None:
-        backend.checked = True
+    def set_health(self, backend: Backend, healthy: bool, now: float | None = None) -> None:
         if healthy and not backend.healthy:
             backend.consecutive_failures = 0
+            if backend.checked and now is not None:  # back from an outage (not the first admission)
+                backend.readmitted_at = now
+        backend.checked = True
         backend.healthy = healthy
 
-    def record_check(self, backend: Backend, ok: bool) -> None:
+    def record_check(self, backend: Backend, ok: bool, now: float | None = None) -> None:
         """One active health check's result. A backend never checked before takes the result at once
         (start-up); a healthy one is marked down only after `failed_checks` failures in a row."""
         if ok:
             backend.failed_checks = 0
-            self.set_health(backend, True)
+            self.set_health(backend, True, now)
             return
         backend.failed_checks += 1
         if not backend.checked or not backend.healthy or backend.failed_checks >= self._config.health.failed_checks:

@@ -77,3 +77,22 @@ def test_dns_discovery_adds_retires_and_drops_members() -> None:
     assert "p-0-10.0.0.2" not in reg.by_name
     added, _ = reg.apply_discovery(entry, ["10.0.0.1", "10.0.0.2"])  # it came back
     assert [b.name for b in added] == ["p-0-10.0.0.2"]
+
+
+def test_a_readmitted_backend_ramps_up() -> None:
+    """RELIABILITY 17: back from an outage, a backend gets a ramped share (slow start), not a full
+    one at once; the first admission at start-up does not ramp."""
+    from gateway.balancer import BalanceKey, LeastLoad
+
+    reg = registry(slow_start_s=30.0, failed_checks=1)
+    a, b = reg.by_name["p-0"], reg.by_name["p-1"]
+    reg.record_check(a, True, now=0.0)
+    reg.record_check(b, True, now=0.0)
+    assert [c.ramp for c in reg.candidates("p", 0.0)] == [1.0, 1.0]
+    reg.record_check(b, False, now=10.0)
+    reg.record_check(b, True, now=20.0)  # back
+    for _ in range(3):
+        reg.acquire(a)  # the healthy one is busier...
+    first = LeastLoad().order(reg.candidates("p", 21.0), BalanceKey())[0].name
+    assert first == "p-0"  # ...but the newcomer, just back, still looks busier (8 x (1 - 1/30))
+    assert LeastLoad().order(reg.candidates("p", 50.0), BalanceKey())[0].name == "p-1"  # ramped up
