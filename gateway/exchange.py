@@ -49,6 +49,8 @@ class Exchange:
     prompt_chars: int = 0
     prompt_messages: int = 0
     prompt_exact: int | None = None
+    streamed_tokens: int = 0
+    """Output tokens already added to gateway_output_tokens_total while the stream was relayed."""
     _gauge: Gauge | None = None
     _encoded: dict[str | None, bytes] = field(default_factory=dict)
 
@@ -102,6 +104,16 @@ class Exchange:
             return reported < 0.9 * self.prompt_exact
         return self.prompt_estimate > 256 and reported < 0.5 * self.prompt_estimate
 
+    def count_streamed(self, content_events: int) -> None:
+        """Add the content chunks relayed since the last call to the output-token counter, so that
+        rate() shows a long answer's tokens as they flow, not all at its end. finish() corrects the
+        total to the engine's usage figure (which may count more than one token per chunk)."""
+        delta = content_events - self.streamed_tokens
+        if delta > 0:
+            self.metrics.child(self.metrics.output_tokens, self.route, self.pool, self.backend_name,
+                               "usage").inc(delta)
+            self.streamed_tokens = content_events
+
     def reported_usage(self) -> dict[str, Any] | None:
         if self.usage is not None:
             return self.usage
@@ -128,8 +140,9 @@ class Exchange:
             completion, source = obs.content_events, "estimated"
         if prompt is None and self.sent_at is not None:
             prompt = self.prompt_estimate
-        if completion:
-            m.child(m.output_tokens, *labels, source).inc(completion)
+        if completion and completion > self.streamed_tokens:
+            # Tokens already counted while the stream ran are not counted twice.
+            m.child(m.output_tokens, *labels, source).inc(completion - self.streamed_tokens)
         if prompt and self.sent_at is not None:
             m.child(m.prompt_tokens, *labels, "usage" if usage is not None else "estimated").inc(prompt)
         if obs is not None and obs.first_token_at is not None:

@@ -27,6 +27,8 @@ _SSE_HEADERS = [
     (b"x-accel-buffering", b"no"),
 ]
 _PING = b": ping\n\n"
+_COUNT_EVERY = 16
+"""Stream tokens are added to the output counter in steps of this many chunks, not one by one."""
 _MAX_ERROR_BODY = 64 * 1024
 
 
@@ -213,6 +215,8 @@ class Proxy:
                 t0 = clock()
                 watch.last = loop.time()
                 out = observer.feed(chunk, t0)
+                if observer.content_events - ex.streamed_tokens >= _COUNT_EVERY:
+                    ex.count_streamed(observer.content_events)
                 if out:
                     await send({"type": "http.response.body", "body": out, "more_body": True})
                 relay_s += clock() - t0

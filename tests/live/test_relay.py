@@ -122,3 +122,20 @@ async def test_upstream_model_name_is_rewritten(make_stack: StackFactory) -> Non
         r = await client.post(stack.base_url + "/v1/chat/completions", json=chat(model="public-name", max_tokens=1))
     assert r.status_code == 200
     assert stack.sims["vllm-0"].stats.recent[-1].body["model"] == "tiny"
+
+
+async def test_output_tokens_are_counted_while_a_stream_flows(make_stack: StackFactory) -> None:
+    """rate(gateway_output_tokens_total) must show a long answer's tokens as they flow, not all at
+    its end; the final total is still the engine's usage figure, counted once."""
+    import asyncio
+
+    stack = await make_stack()
+    async with httpx.AsyncClient(timeout=20) as client:
+        task = asyncio.create_task(client.post(stack.base_url + "/v1/chat/completions",
+                                               json=chat(stream=True, max_tokens=100),
+                                               headers={"x-sim-fault": "chunk_delay=0.01"}))
+        await stack.wait_metric("gateway_output_tokens_total", 32, timeout=5)
+        assert not task.done()  # counted mid-stream
+        await task
+    await stack.wait_metric("gateway_requests_total", 1, outcome="success")
+    assert stack.total("gateway_output_tokens_total") == 100
