@@ -1,10 +1,13 @@
-"""Fixtures for the real-engine integration tier: real llama-server and vLLM processes.
+"""Fixtures for the real-engine integration tier: real llama-server, vLLM and SGLang processes.
 
 - ``llamacpp_server`` (session): llama-server on the tiny GGUF, 4 slots of 512 tokens each, --metrics.
 - ``vllm_server`` (session): vLLM on the tiny HF model, max_model_len 1024, max_num_seqs 2.
-- ``engine_launcher`` (function): ``launch("llamacpp" | "vllm", **kwargs)`` starts an extra server with
-  custom settings (see tests/engines/servers.py ``start_llamacpp`` / ``start_vllm``); all are stopped
-  at teardown.
+- ``sglang_server`` (session, OPT-IN): SGLang on the CPU on the tiny HF model, context_length 1024,
+  max_running_requests 4, --enable-metrics. It runs only with ``GATEWAY_SGLANG=1``; otherwise its tests
+  are SKIPPED (never failed, whatever GATEWAY_REQUIRE_ENGINES says) and the summary says so.
+- ``engine_launcher`` (function): ``launch("llamacpp" | "vllm" | "sglang", **kwargs)`` starts an extra
+  server with custom settings (see tests/engines/servers.py ``start_llamacpp`` / ``start_vllm`` /
+  ``start_sglang``); all are stopped at teardown.
 
 Each yields a ``servers.EngineServer``: ``.base_url`` (``http://127.0.0.1:PORT``), ``.v1_url``,
 ``.health_url``, ``.metrics_url``, ``.model == "tiny"``, ``.max_context``, ``.parallel``, ``.kind``,
@@ -29,6 +32,9 @@ import pytest
 
 _HERE = Path(__file__).resolve().parent
 _MISSING_KEY = pytest.StashKey[dict[str, str]]()
+_OPT_IN_KEY = pytest.StashKey[dict[str, str]]()
+# Engines whose tier is opt-in (heavy install; see docs/testing.md): the variable that turns each on.
+OPT_IN: dict[str, str] = {"sglang": "GATEWAY_SGLANG"}
 
 
 def _load_servers() -> ModuleType:
@@ -50,7 +56,16 @@ servers = _load_servers()
 
 
 def _require_engine(config: pytest.Config, kind: str) -> None:
-    """Skip (or, with GATEWAY_REQUIRE_ENGINES=1, fail) when the engine is not installed."""
+    """Skip (or, with GATEWAY_REQUIRE_ENGINES=1, fail) when the engine is not installed. An opt-in
+    engine whose variable is not 1 is skipped, never failed."""
+    var = OPT_IN.get(kind)
+    if var is not None and os.environ.get(var) != "1":
+        reason = (
+            f"OPT-IN REAL ENGINE {kind!r} NOT RUN: its tier is opt-in (an ~11 GB install); set {var}=1 "
+            f"and run `{var}=1 bash tests/engines/setup.sh {kind}` first (docs/testing.md)"
+        )
+        config.stash.setdefault(_OPT_IN_KEY, {})[kind] = reason
+        pytest.skip(reason)
     reason = servers.engine_missing(kind)
     if reason is None:
         return
@@ -72,6 +87,11 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         terminalreporter.section("REAL ENGINES MISSING", sep="!", red=True, bold=True)
         for reason in missing.values():
             terminalreporter.line(reason, red=True)
+    opted_out = config.stash.get(_OPT_IN_KEY, {})
+    if opted_out:
+        terminalreporter.section("OPT-IN REAL ENGINES NOT RUN", sep="!", yellow=True, bold=True)
+        for reason in opted_out.values():
+            terminalreporter.line(reason, yellow=True)
 
 
 @pytest.fixture(scope="session")
@@ -96,6 +116,17 @@ def vllm_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
         server.stop()
 
 
+@pytest.fixture(scope="session")
+def sglang_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    _require_engine(request.config, "sglang")
+    log = tmp_path_factory.mktemp("engines") / "sglang-session.log"
+    server = servers.start_sglang(context_length=1024, max_running_requests=4, log_path=log)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 @pytest.fixture
 def engine_launcher(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[..., Any]]:
     started: list[Any] = []
@@ -103,8 +134,7 @@ def engine_launcher(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[
     def launch(kind: str, **kwargs: Any) -> Any:
         _require_engine(request.config, kind)
         kwargs.setdefault("log_path", tmp_path / f"{kind}-{len(started)}.log")
-        start = servers.start_llamacpp if kind == "llamacpp" else servers.start_vllm
-        server = start(**kwargs)
+        server = servers.STARTERS[kind](**kwargs)
         started.append(server)
         return server
 

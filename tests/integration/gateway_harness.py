@@ -87,3 +87,17 @@ def wait_for(predicate: Any, timeout: float, interval: float = 0.05) -> float:
             raise TimeoutError(f"condition not met within {timeout} s")
         time.sleep(interval)
     return time.monotonic() - start
+
+
+def idle_within(predicate: Any, timeout: float, interval: float = 0.02) -> float:
+    """Poll until predicate() is true (giving up after `timeout`); return how long after the call
+    the *successful poll started*. A busy engine can take a second to answer its /metrics, and that
+    answer's latency is not the engine's reaction time."""
+    start = time.monotonic()
+    while True:
+        issued = time.monotonic()
+        if predicate():
+            return issued - start
+        if issued - start > timeout:
+            raise TimeoutError(f"condition not met within {timeout} s")
+        time.sleep(interval)

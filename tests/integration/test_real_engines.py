@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from tests.integration.gateway_harness import GatewayThread, engine_metric, running_gateway, wait_for
+from tests.integration.gateway_harness import GatewayThread, engine_metric, idle_within, running_gateway, wait_for
 
 IGNORE_EOS = {"ignore_eos": True}  # random weights: never stop early, so "length" is deterministic
 
@@ -72,7 +72,7 @@ def test_chat_stream_with_usage(client: openai.OpenAI, gateway: GatewayThread, m
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text
     # The client can see [DONE] a moment before the gateway's finish step has counted it.
-    wait_for(lambda: gateway.metric("gateway_output_tokens_total", route=model, source="usage") == before + 8, 2)
+    wait_for(lambda: gateway.metric("gateway_output_tokens_total", route=model, source="usage") == before + 8, 5)
 
 
 @pytest.mark.parametrize("model", ENGINES)
@@ -83,7 +83,7 @@ def test_chat_stream_without_usage_is_still_counted(client: openai.OpenAI, gatew
         model=model, messages=[{"role": "user", "content": "go"}], max_tokens=5, stream=True,
         extra_body=IGNORE_EOS))
     assert all(c.usage is None for c in chunks)  # the usage chunk the gateway asked for is stripped
-    wait_for(lambda: gateway.metric("gateway_output_tokens_total", route=model, source="usage") == before + 5, 2)
+    wait_for(lambda: gateway.metric("gateway_output_tokens_total", route=model, source="usage") == before + 5, 5)
 
 
 @pytest.mark.parametrize("model", ENGINES)
@@ -192,9 +192,8 @@ def test_disconnect_frees_the_llamacpp_slot(gateway: GatewayThread, engine_launc
 
     with running_gateway(data) as gw:
         stream_then_leave(gw, "big", 8000, busy)
-        waited = wait_for(lambda: not busy(), timeout=1.0)
-        assert waited < 1.0
-        wait_for(lambda: gw.metric("gateway_client_disconnects_total", stage="mid_stream") >= 1, 2)
+        assert idle_within(lambda: not busy(), timeout=10) < 1.0
+        wait_for(lambda: gw.metric("gateway_client_disconnects_total", stage="mid_stream") >= 1, 5)
 
 
 def test_disconnect_frees_the_vllm_request(gateway: GatewayThread, vllm_server: Any) -> None:
@@ -208,12 +207,12 @@ def test_disconnect_frees_the_vllm_request(gateway: GatewayThread, vllm_server: 
 
     before = generated()
     stream_then_leave(gateway, "vllm", 1000, lambda: True)
-    waited = wait_for(lambda: running() == 0, timeout=1.0)
-    assert waited < 1.0
+    assert idle_within(lambda: running() == 0, timeout=10) < 1.0
+    wait_for(lambda: gateway.metric("gateway_client_disconnects_total", route="vllm", stage="mid_stream") >= 1, 5)
     settled = generated()
-    wait_for(lambda: gateway.metric("gateway_client_disconnects_total", route="vllm", stage="mid_stream") >= 1, 2)
-    assert generated() == settled          # nothing more is generated for the client who left
-    assert settled - before < 1000         # and the request was cut short of its max_tokens
+    assert settled - before < 1000         # the request was cut short of its max_tokens
+    with pytest.raises(TimeoutError):      # and over the next second nothing more is generated for it
+        wait_for(lambda: generated() != settled, timeout=1.0)
 
 
 def test_gateway_reads_engine_load(gateway: GatewayThread) -> None:
