@@ -8,7 +8,7 @@ from types import MappingProxyType
 
 from engines import llamacpp, openai, sglang, vllm
 from engines.base import EngineAdapter, LaunchSpec
-from engines.openai import PromptTokenizer, TableAdapter, cap_flag
+from engines.openai import MessagesTokenizer, PromptTokenizer, TableAdapter, cap_flag
 from engines.promtext import LoadTable, Ratio
 
 
@@ -103,7 +103,7 @@ NIM = TableAdapter(
             kv_usage=("gpu_cache_usage_perc", "trtllm_kv_cache_utilization"),
         )
     ),
-    tokenizer=vllm.VllmTokenizer(),  # NIM 2.x serves vLLM's /tokenize; elsewhere a 404 means "estimate"
+    tokenizer=MessagesTokenizer(),  # NIM 2.x serves vLLM's /tokenize; elsewhere a 404 means "estimate"
     launch=_nim_launch,
 )
 

@@ -36,6 +36,8 @@ _MAX_JSON = 1 << 20  # error bodies are small; a bigger one is a page, not an er
 _SNIPPET_SCAN = 16 << 10  # how much of a non-JSON body to look at for the snippet
 _WORD = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 _URL = re.compile(r"\b[a-z][a-z0-9+.\-]*://[^\s\"'<>]+", re.IGNORECASE)
+# File paths (an engine's traceback line names its install directory): /a/b and deeper.
+_PATH = re.compile(r"(?<![\w<])(?:/[\w.\-]+){2,}/?")
 _HOST = re.compile(r"\b(?:\d{1,3}\.){3}\d{1,3}(?::\d+)?\b|\blocalhost:\d+\b", re.IGNORECASE)
 _BLOCK = re.compile(r"<(script|style)\b.*?</\1\s*>", re.IGNORECASE | re.DOTALL)
 _TAG = re.compile(r"<[^>]*>")
@@ -43,8 +45,9 @@ _SPACE = re.compile(r"\s+")
 
 
 def _clean(text: str, limit: int) -> str:
-    """One line, no URLs or internal addresses (they'd leak topology to clients), at most `limit` chars."""
-    text = _HOST.sub("<host>", _URL.sub("<url>", text[: limit * 4]))
+    """One line, no URLs, internal addresses or file paths (they'd leak topology and installs to clients),
+    at most `limit` chars."""
+    text = _PATH.sub("<path>", _HOST.sub("<host>", _URL.sub("<url>", text[: limit * 4])))
     text = _SPACE.sub(" ", "".join(ch if ch.isprintable() else " " for ch in text)).strip()
     return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
@@ -226,4 +229,24 @@ class TableAdapter:
 
 # Any other OpenAI-compatible server: /v1/models is the one path the API guarantees, and there are no
 # metrics, tokenizer or launch command we could know of.
+@dataclass(frozen=True, slots=True)
+class MessagesTokenizer:
+    """POST /tokenize that renders chat messages with the model's own template, so one call counts a chat or
+    a prompt: vLLM, SGLang and NIM 2.x."""
+
+    def calls(self, model: str, messages: Messages, prompt: str | None) -> Sequence[TokenizeCall]:
+        if messages is not None:
+            body = {"model": model, "messages": list(messages), "add_generation_prompt": True}
+            return (TokenizeCall("/tokenize", body),)
+        if prompt is not None:
+            return (TokenizeCall("/tokenize", {"model": model, "prompt": prompt}),)
+        return ()
+
+    def follow_up(self, responses: Sequence[Any]) -> TokenizeCall | None:
+        return None
+
+    def count(self, responses: Sequence[Any]) -> int | None:
+        return count_field(responses[-1], "count") if responses else None
+
+
 ADAPTER = TableAdapter(kind="openai", health_path="/v1/models", metrics_path="")

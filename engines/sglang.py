@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from engines.base import LaunchSpec
-from engines.openai import PromptTokenizer, TableAdapter, cap_flag
+from engines.openai import MessagesTokenizer, TableAdapter, cap_flag
 from engines.promtext import LoadTable, Ratio
 
 # Releases differ: "sglang:" like vLLM, or "sglang_" (the plain Prometheus style).
@@ -24,8 +24,10 @@ LOAD = LoadTable(
     hit_rate=_both("cache_hit_rate"),
 )
 
-# /tokenize (added in 2025, PR #9545) takes a raw prompt only; chat messages get no call.
-TOKENIZER = PromptTokenizer(path="/tokenize", prompt_key="prompt", count_key="count")
+# /tokenize (PR #9545) takes {"model", "messages", "add_generation_prompt"} or {"model", "prompt"} and
+# answers {"tokens", "count", "max_model_len"}, like vLLM's: checked on a real SGLang 0.5.23, whose
+# count for a chat equals the usage.prompt_tokens of the same request (tests/fixtures/sglang/).
+TOKENIZER = MessagesTokenizer()
 
 
 def launch(spec: LaunchSpec) -> list[str]:
@@ -39,7 +41,9 @@ def launch(spec: LaunchSpec) -> list[str]:
 
 ADAPTER = TableAdapter(
     kind="sglang",
-    health_path="/health",  # not /health_generate: that one runs a generation on every probe
+    # In 0.5 /health runs a one-token generation (~1 s on a CPU); /ready is cheap but newer, and an
+    # engine that lacks it would look down forever. The health check's timeout allows for the former.
+    health_path="/health",
     metrics_path="/metrics",
     load=LOAD,
     tokenizer=TOKENIZER,

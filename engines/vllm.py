@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
-
-from engines.base import LaunchSpec, TokenizeCall
-from engines.openai import Messages, TableAdapter, cap_flag, count_field
+from engines.base import LaunchSpec
+from engines.openai import MessagesTokenizer, TableAdapter, cap_flag
 from engines.promtext import LoadTable, Ratio
 
 LOAD = LoadTable(
@@ -21,25 +17,6 @@ LOAD = LoadTable(
     ),
     hit_rate=("vllm:gpu_prefix_cache_hit_rate",),  # V0 had only this gauge
 )
-
-
-@dataclass(frozen=True, slots=True)
-class VllmTokenizer:
-    """POST /tokenize renders chat messages with the model's template itself, so one call counts either."""
-
-    def calls(self, model: str, messages: Messages, prompt: str | None) -> Sequence[TokenizeCall]:
-        if messages is not None:
-            body = {"model": model, "messages": list(messages), "add_generation_prompt": True}
-            return (TokenizeCall("/tokenize", body),)
-        if prompt is not None:
-            return (TokenizeCall("/tokenize", {"model": model, "prompt": prompt}),)
-        return ()
-
-    def follow_up(self, responses: Sequence[Any]) -> TokenizeCall | None:
-        return None
-
-    def count(self, responses: Sequence[Any]) -> int | None:
-        return count_field(responses[-1], "count") if responses else None
 
 
 def launch(spec: LaunchSpec) -> list[str]:
@@ -56,6 +33,6 @@ ADAPTER = TableAdapter(
     health_path="/health",
     metrics_path="/metrics",
     load=LOAD,
-    tokenizer=VllmTokenizer(),
+    tokenizer=MessagesTokenizer(),
     launch=launch,
 )

@@ -123,18 +123,11 @@ def test_prompt_plus_max_tokens_over_context_is_normalised(client: openai.OpenAI
     assert "maximum context length" in info.value.message
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=openai.BadRequestError,
-    reason="KNOWN GATEWAY GAP: for chat, the sglang adapter (engines/sglang.py TOKENIZER, a PromptTokenizer) "
-    "makes no /tokenize call, so gateway/caps.py decide() clamps max_tokens to cap - ESTIMATED prompt "
-    "tokens (8 for 'hi' on a fresh route; SGLang counts 17 with the chat template) and SGLang rejects "
-    "the total with a 400. vLLM and llama.cpp clamp such a total themselves, so there it never shows. "
-    "SGLang 0.5.23's /tokenize accepts messages and returns the exact count.",
-)
 def test_clamp_to_the_cap_fits_sglang(sglang_server: Any) -> None:
     """A capped route clamps max_tokens to what fits, so the client's over-large request succeeds. A
-    fresh gateway, so that the estimate is the untrained prior (deterministic)."""
+    fresh gateway, so that the estimate is the untrained prior: near the cap the gateway asks SGLang's
+    /tokenize for the exact chat count (SGLang, unlike vLLM and llama.cpp, rejects an over-long total
+    instead of clamping it itself)."""
     cap = sglang_server.max_context
     data = {
         "pools": {"p": {"engine": "sglang", "backends": [{"url": sglang_server.base_url, "model": "tiny"}]}},

@@ -285,7 +285,8 @@ TOKENIZE_CASES = [
      [("/apply-template", {"messages": MESSAGES})], None),  # an old build without /apply-template
     ("sglang", None, "hello", [{"tokens": [1, 2], "count": 2, "max_model_len": 1024}],
      [("/tokenize", {"model": "m", "prompt": "hello"})], 2),
-    ("sglang", MESSAGES, None, [], [], None),  # no way to apply the chat template: estimate
+    ("sglang", MESSAGES, None, [{"tokens": [1], "count": 17, "max_model_len": 4096}],
+     [VLLM_CHAT], 17),  # SGLang 0.5's /tokenize renders the chat template, as vLLM's does
     ("lmdeploy", None, "hello", [{"input_ids": [1, 2, 3], "length": 3}],
      [("/v1/encode", {"input": "hello", "do_preprocess": False, "add_bos": True})], 3),
     ("lmdeploy", MESSAGES, None, [], [], None),
@@ -442,3 +443,11 @@ def test_adapters_never_import_the_gateway(module: str) -> None:
         else:
             continue
         assert not any(n == "gateway" or n.startswith("gateway.") for n in names)
+
+
+def test_error_messages_do_not_leak_file_paths() -> None:
+    """A real SGLang 400 embeds a traceback line naming its install directory."""
+    body = json.dumps({"object": "error", "type": "BadRequestError", "code": 400, "param": None,
+                       "message": 'File "/root/venv/lib/python3.11/site-packages/sglang/srt/x.py", line 3: bad'})
+    norm = adapter_for("sglang").normalise_error(400, body.encode())
+    assert "/root" not in norm.message and "site-packages" not in norm.message
