@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from gateway import kv
+from gateway import kvcommand
 from gateway.config import ConfigError, GatewayConfig, load_config
 
 DEFAULT_CONFIG = "gateway.yaml"
@@ -118,8 +118,8 @@ def parser() -> argparse.ArgumentParser:
     pl.set_defaults(func=cmd_plan)
 
     k = sub.add_parser("kv", help="KV-cache memory a context cap implies")
-    kv.add_arguments(k)
-    k.set_defaults(func=kv.run)
+    kvcommand.add_arguments(k)
+    k.set_defaults(func=kvcommand.run)
 
     e = sub.add_parser("explain", help="show how a request body would be routed, without sending it")
     e.add_argument("body", help="a JSON request body file, or - for stdin")

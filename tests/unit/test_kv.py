@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gateway import kv
+from gateway import kv, kvcommand
 
 pytestmark = pytest.mark.unit
 
@@ -384,13 +384,13 @@ def test_format_table_flags_caps_beyond_the_model_and_sliding() -> None:
 
 def parse(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="gateway kv")
-    kv.add_arguments(parser)
+    kvcommand.add_arguments(parser)
     return parser.parse_args(list(argv))
 
 
 def test_run_with_a_config(capsys: pytest.CaptureFixture[str]) -> None:
     path = str(CONFIGS / "Meta-Llama-3-8B" / "config.json")
-    assert kv.run(parse(path, "--caps", "256k,64k", "--concurrency", "1,8", "--budget-gb", "80")) == 0
+    assert kvcommand.run(parse(path, "--caps", "256k,64k", "--concurrency", "1,8", "--budget-gb", "80")) == 0
     out, err = capsys.readouterr()
     assert err == ""
     assert out.startswith("Meta-Llama-3-8B: GQA")
@@ -398,13 +398,13 @@ def test_run_with_a_config(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_run_with_a_model_directory_and_kv_dtype(capsys: pytest.CaptureFixture[str]) -> None:
-    assert kv.run(parse(str(CONFIGS / "DeepSeek-V3"), "--kv-dtype", "fp8")) == 0
+    assert kvcommand.run(parse(str(CONFIGS / "DeepSeek-V3"), "--kv-dtype", "fp8")) == 0
     out = capsys.readouterr().out
     assert out.startswith("DeepSeek-V3: MLA") and "fp8_e4m3" in out and "35,136 bytes" in out
 
 
 def test_run_no_sliding_window(capsys: pytest.CaptureFixture[str]) -> None:
-    assert kv.run(parse(str(CONFIGS / "Mistral-7B-v0.1"), "--caps", "32k", "--no-sliding-window")) == 0
+    assert kvcommand.run(parse(str(CONFIGS / "Mistral-7B-v0.1"), "--caps", "32k", "--no-sliding-window")) == 0
     out = capsys.readouterr().out
     assert "4.29 GB" in out  # 32768 x 128 KiB, not capped at the window
     assert "note: sliding-window layers counted at full context" in out and "up to" not in out
@@ -412,10 +412,10 @@ def test_run_no_sliding_window(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_run_with_params(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ("--layers", "32", "--kv-heads", "8", "--head-dim", "128", "--dtype", "fp16", "--heads", "32")
-    assert kv.run(parse(*argv)) == 0
+    assert kvcommand.run(parse(*argv)) == 0
     out = capsys.readouterr().out
     assert "GQA" in out and "131,072 bytes" in out and "fp16" in out
-    assert kv.run(parse("--layers", "32", "--kv-heads", "8", "--head-dim", "128", "--window", "4096")) == 0
+    assert kvcommand.run(parse("--layers", "32", "--kv-heads", "8", "--head-dim", "128", "--window", "4096")) == 0
     assert "all 32 layers hold at most 4,096 tokens" in capsys.readouterr().out
 
 
@@ -445,7 +445,7 @@ def test_run_errors_exit_2_with_one_clear_line(
     bad.write_text(json.dumps({"num_hidden_layers": 2})[:-1])
     good = str(CONFIGS / "Qwen2.5-7B" / "config.json")
     args = [good if a == "CFG" else str(bad) if a == "BAD" else a for a in argv]
-    assert kv.run(parse(*args)) == 2
+    assert kvcommand.run(parse(*args)) == 2
     out, err = capsys.readouterr()
     assert out == ""
     assert err.startswith("gateway kv: error: ") and message in err
@@ -467,5 +467,5 @@ def test_docs_tables_are_real_output(capsys: pytest.CaptureFixture[str]) -> None
     assert len(blocks) >= 2
     for argv, shown in blocks:
         args = [str(root / a) if a.startswith("tests/") else a for a in argv.split()]
-        assert kv.run(parse(*args)) == 0
+        assert kvcommand.run(parse(*args)) == 0
         assert capsys.readouterr().out.rstrip("\n") == shown, argv
