@@ -29,6 +29,8 @@ class ServerConfig(_Model):
     host: str = "127.0.0.1"
     port: Annotated[int, Field(ge=0, le=65535)] = 4000
     drain_timeout_s: Annotated[float, Field(ge=0)] = 30.0
+    request_timeout_s: Annotated[float, Field(ge=0)] = 30.0
+    """Time a client has to send a whole request, headers and body (slowloris); 0 disables."""
     api_keys: tuple[SecretStr, ...] = ()
     """Client keys accepted as `Authorization: Bearer ...`; an empty list means no client auth."""
 

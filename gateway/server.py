@@ -19,6 +19,7 @@ import uvicorn
 
 from gateway.app import Gateway, GatewayApp, create_app
 from gateway.config import ConfigError, GatewayConfig, load_config
+from gateway.protocol import protocol_class
 from gateway.rules import Platform
 
 log = logging.getLogger(__name__)
@@ -90,7 +91,8 @@ class GatewayServer(uvicorn.Server):
 def uvicorn_config(config: GatewayConfig, host: str, port: int, platform: Platform | None = None,
                    log_level: str = "info") -> uvicorn.Config:
     return uvicorn.Config(
-        create_app(config, platform), host=host, port=port, loop="uvloop", http="httptools",
+        create_app(config, platform), host=host, port=port, loop="uvloop",
+        http=protocol_class(config.server.request_timeout_s),
         lifespan="on", access_log=False, log_level=log_level, log_config=None,
         timeout_graceful_shutdown=max(1, int(config.server.drain_timeout_s)), server_header=False,
         date_header=False, timeout_keep_alive=30, proxy_headers=False,

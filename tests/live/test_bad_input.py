@@ -115,3 +115,32 @@ async def test_ten_thousand_random_models_add_no_series(make_stack: StackFactory
                  if line and not line.startswith("#")}
     assert after == before
     assert stack.total("gateway_requests_total", route="__unknown__") == 10_001
+
+
+async def test_slowloris_is_cut_at_the_request_deadline(make_stack: StackFactory) -> None:
+    """RELIABILITY 52: a client that sends its headers a byte at a time loses its connection at
+    server.request_timeout_s, while a normal client is served meanwhile."""
+    stack = await make_stack(server={"request_timeout_s": 1.0})
+    host, port = stack.base_url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+
+    async def drip() -> None:
+        try:
+            for byte in b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-slow: " + b"a" * 1000:
+                writer.write(bytes([byte]))
+                await writer.drain()
+                await asyncio.sleep(0.1)
+        except (ConnectionError, OSError):
+            return  # the gateway hung up on us: the point of the test
+
+    dripping = asyncio.create_task(drip())
+    async with httpx.AsyncClient() as client:
+        ok = await client.post(stack.base_url + "/v1/chat/completions", json=chat(max_tokens=1))
+    assert ok.status_code == 200
+    assert await asyncio.wait_for(reader.read(), timeout=5) == b""  # closed, no response
+    assert loop.time() - started < 3
+    dripping.cancel()
+    await asyncio.gather(dripping, return_exceptions=True)
+    writer.close()
