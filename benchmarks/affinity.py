@@ -246,8 +246,11 @@ def drive(
 # ---------------------------------------------------------------------------------------------- replicas
 def gateway_config(balancer: str, backends: Sequence[tuple[str, str]], epsilon: float | None = None) -> dict[str, Any]:
     """One pool of the given (name, base_url) vLLM backends behind the route `tiny`."""
-    pool: dict[str, Any] = {"engine": "vllm", "balancer": balancer,
-                            "backends": [{"name": n, "url": u, "model": MODEL} for n, u in backends]}
+    pool: dict[str, Any] = {
+        "engine": "vllm",
+        "balancer": balancer,
+        "backends": [{"name": n, "url": u, "model": MODEL} for n, u in backends],
+    }
     if epsilon is not None:
         pool["affinity_epsilon"] = epsilon
     return {
@@ -273,8 +276,9 @@ def kv_cache_info(metrics_url: str) -> dict[str, str]:
     return {}
 
 
-def run_gateway_policy(balancer: str, pair: Sequence[Any], w: Workload, concurrency: int,
-                       epsilon: float | None = None) -> RunResult:
+def run_gateway_policy(
+    balancer: str, pair: Sequence[Any], w: Workload, concurrency: int, epsilon: float | None = None
+) -> RunResult:
     for s in pair:
         reset_prefix_cache(s.base_url)
     names = [f"r{i}" for i in range(len(pair))]
@@ -326,10 +330,12 @@ ORACLE = "oracle"
 
 
 def table(results: dict[tuple[str, int], RunResult]) -> str:
-    rows = ["| policy | concurrency | hit rate | ratio to oracle | max/mean in-flight | peak in-flight "
-            "| requests per replica | max/mean requests | conversations per replica (last turn) "
-            "| turns that changed replica | seconds |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "| policy | concurrency | hit rate | ratio to oracle | max/mean in-flight | peak in-flight "
+        "| requests per replica | max/mean requests | conversations per replica (last turn) "
+        "| turns that changed replica | seconds |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for (label, conc), r in results.items():
         oracle = results.get((ORACLE, conc))
         ratio = f"{r.hit_rate / oracle.hit_rate:.2f}" if oracle and oracle.hit_rate else "-"
@@ -339,8 +345,10 @@ def table(results: dict[tuple[str, int], RunResult]) -> str:
         share = f"{max(r.per_backend.values()) * 2 / r.requests:.2f}" if label != ORACLE and r.requests else "-"
         convs = " / ".join(str(v) for _, v in sorted(r.conversations_per_backend.items()))
         name = "oracle (1 replica, 2x KV)" if label == ORACLE else label
-        rows.append(f"| {name} | {conc} | {r.hit_rate:.3f} | {ratio} | {imb} | {peaks} | {per} | {share} | {convs} "
-                    f"| {r.switches} | {r.seconds:.1f} |")
+        rows.append(
+            f"| {name} | {conc} | {r.hit_rate:.3f} | {ratio} | {imb} | {peaks} | {per} | {share} | {convs} "
+            f"| {r.switches} | {r.seconds:.1f} |"
+        )
     return "\n".join(rows)
 
 
@@ -349,15 +357,28 @@ def check(results: dict[tuple[str, int], RunResult]) -> list[tuple[str, bool]]:
     for conc in sorted({c for _, c in results}):
         pa, rr, oracle = (results.get((k, conc)) for k in ("prefix_affinity", "round_robin", ORACLE))
         if pa and oracle:
-            out.append((f"c={conc}: prefix_affinity {pa.hit_rate:.3f} >= {TARGET_VS_ORACLE} x oracle "
-                        f"{oracle.hit_rate:.3f} (ratio {pa.hit_rate / max(oracle.hit_rate, 1e-9):.2f})",
-                        pa.hit_rate >= TARGET_VS_ORACLE * oracle.hit_rate))
+            out.append(
+                (
+                    f"c={conc}: prefix_affinity {pa.hit_rate:.3f} >= {TARGET_VS_ORACLE} x oracle "
+                    f"{oracle.hit_rate:.3f} (ratio {pa.hit_rate / max(oracle.hit_rate, 1e-9):.2f})",
+                    pa.hit_rate >= TARGET_VS_ORACLE * oracle.hit_rate,
+                )
+            )
         if pa and rr:
-            out.append((f"c={conc}: prefix_affinity {pa.hit_rate:.3f} >= {TARGET_VS_ROUND_ROBIN} x round_robin "
-                        f"{rr.hit_rate:.3f}", pa.hit_rate >= TARGET_VS_ROUND_ROBIN * rr.hit_rate))
+            out.append(
+                (
+                    f"c={conc}: prefix_affinity {pa.hit_rate:.3f} >= {TARGET_VS_ROUND_ROBIN} x round_robin "
+                    f"{rr.hit_rate:.3f}",
+                    pa.hit_rate >= TARGET_VS_ROUND_ROBIN * rr.hit_rate,
+                )
+            )
         if pa and pa.imbalance is not None and conc > 1:  # at 1 it measures the replicas' speeds
-            out.append((f"c={conc}: prefix_affinity max/mean in-flight {pa.imbalance:.2f} <= {TARGET_IMBALANCE}",
-                        pa.imbalance <= TARGET_IMBALANCE))
+            out.append(
+                (
+                    f"c={conc}: prefix_affinity max/mean in-flight {pa.imbalance:.2f} <= {TARGET_IMBALANCE}",
+                    pa.imbalance <= TARGET_IMBALANCE,
+                )
+            )
     return out
 
 
@@ -375,17 +396,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--system-chars", type=int, default=Workload.system_chars)
     p.add_argument("--preamble-chars", type=int, default=Workload.preamble_chars)
     p.add_argument("--max-tokens", type=int, default=Workload.max_tokens)
-    p.add_argument("--concurrency", default="1,8",
-                   help="comma-separated; each level is one pass of every policy (1: placement alone)")
+    p.add_argument(
+        "--concurrency",
+        default="1,8",
+        help="comma-separated; each level is one pass of every policy (1: placement alone)",
+    )
     p.add_argument("--kv-tokens", type=int, default=8192, help="KV budget of each of the two replicas")
-    p.add_argument("--policies", default="prefix_affinity,round_robin,oracle",
-                   help="comma-separated; `prefix_affinity@1.0` runs it with affinity_epsilon 1.0")
+    p.add_argument(
+        "--policies",
+        default="prefix_affinity,round_robin,oracle",
+        help="comma-separated; `prefix_affinity@1.0` runs it with affinity_epsilon 1.0",
+    )
     p.add_argument("--epsilon", type=float, help="the pool's affinity_epsilon (default: the config default)")
     p.add_argument("--json", type=Path, help="also write the raw results here")
     p.add_argument("--log-dir", type=Path, default=Path("/tmp/gateway-affinity-bench"))
     args = p.parse_args(argv)
-    w = Workload(conversations=args.conversations, turns=args.turns, system_chars=args.system_chars,
-                 preamble_chars=args.preamble_chars, max_tokens=args.max_tokens)
+    w = Workload(
+        conversations=args.conversations,
+        turns=args.turns,
+        system_chars=args.system_chars,
+        preamble_chars=args.preamble_chars,
+        max_tokens=args.max_tokens,
+    )
     levels = [int(x) for x in args.concurrency.split(",") if x]
     policies = [x for x in args.policies.split(",") if x]
     missing = servers.engine_missing("vllm")
@@ -395,29 +427,51 @@ def main(argv: Sequence[str] | None = None) -> int:
     per_token = kv_spec_from_hf_config(load_hf_config(servers.engine_env()["TINY_HF_DIR"])).bytes_per_token
     args.log_dir.mkdir(parents=True, exist_ok=True)
     common = {"max_model_len": 2048, "max_num_seqs": max(levels)}
-    pair_specs = [{**common, "kv_cache_memory_bytes": args.kv_tokens * per_token, "cpu_omp_threads_bind": str(i),
-                   "log_path": args.log_dir / f"replica-{i}.log"} for i in range(2)]
-    oracle_spec = {**common, "kv_cache_memory_bytes": 2 * args.kv_tokens * per_token, "cpu_omp_threads_bind": "0",
-                   "log_path": args.log_dir / "oracle.log"}
+    pair_specs = [
+        {
+            **common,
+            "kv_cache_memory_bytes": args.kv_tokens * per_token,
+            "cpu_omp_threads_bind": str(i),
+            "log_path": args.log_dir / f"replica-{i}.log",
+        }
+        for i in range(2)
+    ]
+    oracle_spec = {
+        **common,
+        "kv_cache_memory_bytes": 2 * args.kv_tokens * per_token,
+        "cpu_omp_threads_bind": "0",
+        "log_path": args.log_dir / "oracle.log",
+    }
     want_oracle = ORACLE in policies
     gateway_policies = [x for x in policies if x != ORACLE]
-    print(f"workload: {w}; concurrency {levels}; KV {per_token} B/token, {args.kv_tokens} tokens "
-          f"({args.kv_tokens * per_token} B) per replica, oracle {2 * args.kv_tokens}", flush=True)
+    print(
+        f"workload: {w}; concurrency {levels}; KV {per_token} B/token, {args.kv_tokens} tokens "
+        f"({args.kv_tokens * per_token} B) per replica, oracle {2 * args.kv_tokens}",
+        flush=True,
+    )
     block = SharedPrefixConfig().block_chars
     shared_bytes = len(canonical_prompt({"messages": opening(w, 0)[:1]}).encode())
-    print(f"gateway fingerprint blocks of {block} bytes; the shared system prompt is {shared_bytes} bytes of the "
-          f"canonical prompt, so the first block is {'SHARED by' if shared_bytes >= block else 'distinct per'} "
-          "conversation", flush=True)
+    print(
+        f"gateway fingerprint blocks of {block} bytes; the shared system prompt is {shared_bytes} bytes of the "
+        f"canonical prompt, so the first block is {'SHARED by' if shared_bytes >= block else 'distinct per'} "
+        "conversation",
+        flush=True,
+    )
     t0 = time.monotonic()
     load0 = " ".join(f"{x:.1f}" for x in os.getloadavg())
     results: dict[tuple[str, int], RunResult] = {}
     with replicas(pair_specs + ([oracle_spec] if want_oracle else [])) as started:
         pair = started[:2]
         infos = [kv_cache_info(s.metrics_url) for s in started]
-        print(f"replicas ready in {time.monotonic() - t0:.0f} s; "
-              + "; ".join(f"{s.log_path.name}: {i.get('kv_cache_size_tokens')} KV tokens in "
-                          f"{i.get('num_gpu_blocks')} blocks of {i.get('block_size')}"
-                          for s, i in zip(started, infos, strict=True)), flush=True)
+        print(
+            f"replicas ready in {time.monotonic() - t0:.0f} s; "
+            + "; ".join(
+                f"{s.log_path.name}: {i.get('kv_cache_size_tokens')} KV tokens in "
+                f"{i.get('num_gpu_blocks')} blocks of {i.get('block_size')}"
+                for s, i in zip(started, infos, strict=True)
+            ),
+            flush=True,
+        )
         for conc in levels:
             for policy in gateway_policies:
                 balancer, _, eps = policy.partition("@")  # prefix_affinity@1.0: with affinity_epsilon 1.0
@@ -433,18 +487,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     print(table(results))
     print()
-    print(f"distinct prefix tokens of the workload ~{distinct}; each replica's KV {args.kv_tokens} tokens = "
-          f"{args.kv_tokens / distinct:.2f}x. Usage cross-check (sum cached_tokens / sum prompt_tokens): "
-          + ", ".join(f"{k}@{c} {r.usage_cached / max(r.usage_prompt, 1):.3f}" for (k, c), r in results.items()))
+    print(
+        f"distinct prefix tokens of the workload ~{distinct}; each replica's KV {args.kv_tokens} tokens = "
+        f"{args.kv_tokens / distinct:.2f}x. Usage cross-check (sum cached_tokens / sum prompt_tokens): "
+        + ", ".join(f"{k}@{c} {r.usage_cached / max(r.usage_prompt, 1):.3f}" for (k, c), r in results.items())
+    )
     verdicts = check(results)
     for text, ok in verdicts:
         print(f"{'PASS' if ok else 'FAIL'}: {text}")
-    print(f"total {time.monotonic() - t0:.0f} s; load average {load0} at the start, "
-          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} at the end (timing figures suffer from other load)")
+    print(
+        f"total {time.monotonic() - t0:.0f} s; load average {load0} at the start, "
+        f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} at the end (timing figures suffer from other load)"
+    )
     if args.json:
-        args.json.write_text(json.dumps(
-            [{**asdict(r), "concurrency": c, "hit_rate": r.hit_rate, "imbalance": r.imbalance}
-             for (_, c), r in results.items()], indent=2))
+        args.json.write_text(
+            json.dumps(
+                [
+                    {**asdict(r), "concurrency": c, "hit_rate": r.hit_rate, "imbalance": r.imbalance}
+                    for (_, c), r in results.items()
+                ],
+                indent=2,
+            )
+        )
     return 0 if all(ok for _, ok in verdicts) else 1
 
 

@@ -116,16 +116,29 @@ def scrape(url: str) -> dict[str, float]:
 
 def gateway_totals(metrics_url: str) -> dict[str, float]:
     m = scrape(metrics_url)
-    names = ("gateway_time_to_first_token_seconds_sum", "gateway_time_to_first_token_seconds_count",
-             "gateway_request_duration_seconds_sum", "gateway_request_duration_seconds_count",
-             "gateway_output_tokens_total", "gateway_prompt_tokens_total", "gateway_requests_total")
+    names = (
+        "gateway_time_to_first_token_seconds_sum",
+        "gateway_time_to_first_token_seconds_count",
+        "gateway_request_duration_seconds_sum",
+        "gateway_request_duration_seconds_count",
+        "gateway_output_tokens_total",
+        "gateway_prompt_tokens_total",
+        "gateway_requests_total",
+    )
     return {n: m.get(n, 0.0) for n in names}
 
 
 def vllm_totals(metrics_url: str) -> dict[str, float]:
     m = scrape(metrics_url)
-    return {n: m.get(n, 0.0) for n in ("vllm:generation_tokens_total", "vllm:prompt_tokens_total",
-                                       "vllm:num_requests_running", "vllm:num_requests_waiting")}
+    return {
+        n: m.get(n, 0.0)
+        for n in (
+            "vllm:generation_tokens_total",
+            "vllm:prompt_tokens_total",
+            "vllm:num_requests_running",
+            "vllm:num_requests_waiting",
+        )
+    }
 
 
 def wait_engine_idle(metrics_url: str, timeout: float = 60.0) -> None:
@@ -194,8 +207,12 @@ def start_gateway(vllm_url: str, workdir: Path, max_in_flight: int | None = None
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path), "--log-level", "info"],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=REPO,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
     gw = GatewayProcess(f"http://127.0.0.1:{port}", process, log_path)
     deadline = time.monotonic() + 30
     while True:
@@ -249,13 +266,19 @@ def prompt_text(request_id: str, words: int) -> str:
     return f"Request {request_id}: {filler}. Tell me a story about it."
 
 
-async def _one(session: aiohttp.ClientSession, url: str, request_id: str, max_tokens: int,
-               prompt_words: int) -> ClientRequest:
-    body = json.dumps({
-        "model": servers.MODEL_NAME, "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
-        "stream_options": {"include_usage": True},
-        "messages": [{"role": "user", "content": prompt_text(request_id, prompt_words)}],
-    }).encode()
+async def _one(
+    session: aiohttp.ClientSession, url: str, request_id: str, max_tokens: int, prompt_words: int
+) -> ClientRequest:
+    body = json.dumps(
+        {
+            "model": servers.MODEL_NAME,
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "messages": [{"role": "user", "content": prompt_text(request_id, prompt_words)}],
+        }
+    ).encode()
     headers = {"content-type": "application/json", "x-request-id": request_id}
     ttft = None
     usage: dict[str, Any] = {}
@@ -276,12 +299,26 @@ async def _one(session: aiohttp.ClientSession, url: str, request_id: str, max_to
                     usage = event["usage"]
         status = response.status
     e2e = time.perf_counter() - t0
-    return ClientRequest(request_id, status, ttft, e2e, int(usage.get("completion_tokens") or 0),
-                         int(usage.get("prompt_tokens") or 0), time.time())
+    return ClientRequest(
+        request_id,
+        status,
+        ttft,
+        e2e,
+        int(usage.get("completion_tokens") or 0),
+        int(usage.get("prompt_tokens") or 0),
+        time.time(),
+    )
 
 
-async def run_clients(base_url: str, concurrency: int, duration: float, max_requests: int,
-                      max_tokens: int, prompt_words: int = 0, tag: str = "mt") -> ClientRun:
+async def run_clients(
+    base_url: str,
+    concurrency: int,
+    duration: float,
+    max_requests: int,
+    max_tokens: int,
+    prompt_words: int = 0,
+    tag: str = "mt",
+) -> ClientRun:
     """`concurrency` clients, each sending one request after another until `duration` seconds have
     passed or it sent `max_requests`; each request already sent is finished.
 
@@ -434,21 +471,28 @@ def markdown(level: LevelResult) -> str:
         unit = _unit(r.quantity)
         ok = "—" if r.ok is None else ("yes" if r.ok else "**no**")
         target = "—" if r.target is None else f"±{r.target * 100:.0f} %"
-        lines.append(f"| {r.quantity} | {_num(r.client, unit)} | {_num(r.gateway, unit)} | {_num(r.vllm, unit)} "
-                     f"| {_pct(r.diff)} | {target} | {ok} |")
+        lines.append(
+            f"| {r.quantity} | {_num(r.client, unit)} | {_num(r.gateway, unit)} | {_num(r.vllm, unit)} "
+            f"| {_pct(r.diff)} | {target} | {ok} |"
+        )
     notes = [r for r in level.rows if r.note]
     if level.overhead_ms:
         o = level.overhead_ms
-        lines += ["", f"Per request, client - gateway ({o['matched']:.0f} requests matched by x-request-id in the "
-                  f"access log): TTFT mean {o['ttft_mean']:.2f} ms, median {o['ttft_median']:.2f} ms, p95 "
-                  f"{o['ttft_p95']:.2f} ms; e2e mean {o['e2e_mean']:.2f} ms, median {o['e2e_median']:.2f} ms, "
-                  f"p95 {o['e2e_p95']:.2f} ms. This is the loopback and the HTTP client on both ends of the "
-                  "request, which the gateway's clock (arrival to first chunk received, arrival to last byte "
-                  "written) does not see."]
+        lines += [
+            "",
+            f"Per request, client - gateway ({o['matched']:.0f} requests matched by x-request-id in the "
+            f"access log): TTFT mean {o['ttft_mean']:.2f} ms, median {o['ttft_median']:.2f} ms, p95 "
+            f"{o['ttft_p95']:.2f} ms; e2e mean {o['e2e_mean']:.2f} ms, median {o['e2e_median']:.2f} ms, "
+            f"p95 {o['e2e_p95']:.2f} ms. This is the loopback and the HTTP client on both ends of the "
+            "request, which the gateway's clock (arrival to first chunk received, arrival to last byte "
+            "written) does not see.",
+        ]
     if level.client_loop_lag_ms:
         lag = level.client_loop_lag_ms
-        lines.append(f"Client event-loop lag (a 5 ms sleep woke late by): p50 {lag['p50']:.2f} ms, "
-                     f"p99 {lag['p99']:.2f} ms, max {lag['max']:.2f} ms.")
+        lines.append(
+            f"Client event-loop lag (a 5 ms sleep woke late by): p50 {lag['p50']:.2f} ms, "
+            f"p99 {lag['p99']:.2f} ms, max {lag['max']:.2f} ms."
+        )
     for r in notes:
         lines.append(f"- {r.quantity}: {r.note}")
     if level.checks:
@@ -456,8 +500,17 @@ def markdown(level: LevelResult) -> str:
     return "\n".join(lines)
 
 
-def run_level(gw: GatewayProcess, vllm: Any, prom: Any | None, concurrency: int, duration: float,
-              max_requests: int, max_tokens: int, prompt_words: int = 0, settle_s: float = 2.5) -> LevelResult:
+def run_level(
+    gw: GatewayProcess,
+    vllm: Any,
+    prom: Any | None,
+    concurrency: int,
+    duration: float,
+    max_requests: int,
+    max_tokens: int,
+    prompt_words: int = 0,
+    settle_s: float = 2.5,
+) -> LevelResult:
     """One concurrency level, with before/after snapshots of the gateway, vLLM and Prometheus."""
     wait_engine_idle(vllm.metrics_url)
     time.sleep(settle_s)  # Prometheus scrapes the idle state at least twice
@@ -481,14 +534,16 @@ def run_level(gw: GatewayProcess, vllm: Any, prom: Any | None, concurrency: int,
     rows: list[Row] = []
     checks: dict[str, bool] = {}
     if prom is not None:
+
         def pdelta(expr: str) -> float:
             return prom_value(prom, expr, t_after) - prom_value(prom, expr, t_before)
 
         window = f"{math.ceil((t_after - t_before) * 1000)}ms"
 
         def pmedian(family: str) -> float:
-            return prom_value(prom, f"histogram_quantile(0.5, sum by (le) (increase({family}_bucket[{window}])))",
-                              t_after)
+            return prom_value(
+                prom, f"histogram_quantile(0.5, sum by (le) (increase({family}_bucket[{window}])))", t_after
+            )
 
         ttft_sum = pdelta("sum(gateway_time_to_first_token_seconds_sum)")
         ttft_count = pdelta("sum(gateway_time_to_first_token_seconds_count)")
@@ -496,49 +551,76 @@ def run_level(gw: GatewayProcess, vllm: Any, prom: Any | None, concurrency: int,
         e2e_count = pdelta("sum(gateway_request_duration_seconds_count)")
         out = pdelta("sum(gateway_output_tokens_total)")
         prompt = pdelta("sum(gateway_prompt_tokens_total)")
-        rate = prom_value(prom, f"sum(rate(gateway_output_tokens_total[{math.ceil(run.wall * 1000)}ms]))",
-                          run.t_end)
-        rate_note = (f"gateway: sum(rate(gateway_output_tokens_total[{run.wall:.1f}s])) at the client's end time; "
-                     f"client: its completion tokens / wall time. {_rate_diagnosis(prom, run)}")
+        rate = prom_value(prom, f"sum(rate(gateway_output_tokens_total[{math.ceil(run.wall * 1000)}ms]))", run.t_end)
+        rate_note = (
+            f"gateway: sum(rate(gateway_output_tokens_total[{run.wall:.1f}s])) at the client's end time; "
+            f"client: its completion tokens / wall time. {_rate_diagnosis(prom, run)}"
+        )
         ttft_p50 = pmedian("gateway_time_to_first_token_seconds")
         e2e_p50 = pmedian("gateway_request_duration_seconds")
         checks["Prometheus Δ = the gateway's own /metrics Δ"] = (
             math.isclose(ttft_sum, delta("gateway_time_to_first_token_seconds_sum"), rel_tol=1e-9)
             and math.isclose(e2e_sum, delta("gateway_request_duration_seconds_sum"), rel_tol=1e-9)
-            and out == delta("gateway_output_tokens_total") and prompt == delta("gateway_prompt_tokens_total"))
+            and out == delta("gateway_output_tokens_total")
+            and prompt == delta("gateway_prompt_tokens_total")
+        )
     else:  # the gateway's own /metrics, no Prometheus: means and tokens only, rate as Δcounter / wall
-        ttft_sum, ttft_count = delta("gateway_time_to_first_token_seconds_sum"), \
-            delta("gateway_time_to_first_token_seconds_count")
-        e2e_sum, e2e_count = delta("gateway_request_duration_seconds_sum"), \
-            delta("gateway_request_duration_seconds_count")
+        ttft_sum, ttft_count = (
+            delta("gateway_time_to_first_token_seconds_sum"),
+            delta("gateway_time_to_first_token_seconds_count"),
+        )
+        e2e_sum, e2e_count = (
+            delta("gateway_request_duration_seconds_sum"),
+            delta("gateway_request_duration_seconds_count"),
+        )
         out, prompt = delta("gateway_output_tokens_total"), delta("gateway_prompt_tokens_total")
         rate = out / run.wall
         ttft_p50 = e2e_p50 = math.nan
         rate_note = "gateway: Δgateway_output_tokens_total / the client's wall time"
     checks[f"every request counted once ({len(run.requests)})"] = (
-        ttft_count == len(ttfts) and e2e_count == len(run.requests)
-        and delta("gateway_requests_total") == len(run.requests))
+        ttft_count == len(ttfts)
+        and e2e_count == len(run.requests)
+        and delta("gateway_requests_total") == len(run.requests)
+    )
 
     rows.append(Row("TTFT mean (Δsum/Δcount)", statistics.fmean(ttfts), ttft_sum / ttft_count, None, TARGET_LATENCY))
     rows.append(Row("e2e mean (Δsum/Δcount)", statistics.fmean(e2es), e2e_sum / e2e_count, None, TARGET_LATENCY))
     if not math.isnan(ttft_p50):
-        for what, bounds, values, p50 in (("TTFT", _TTFT_BUCKETS, ttfts, ttft_p50),
-                                          ("e2e", _DURATION_BUCKETS, e2es, e2e_p50)):
+        for what, bounds, values, p50 in (
+            ("TTFT", _TTFT_BUCKETS, ttfts, ttft_p50),
+            ("e2e", _DURATION_BUCKETS, e2es, e2e_p50),
+        ):
             median = statistics.median(values)
-            rows.append(Row(f"{what} median (histogram_quantile, bucketed)", median, p50, None, TARGET_LATENCY,
-                            note=f"the true median lies in bucket {_bucket(bounds, median)}; histogram_quantile "
-                                 "interpolates linearly inside it"))
-            rows.append(Row(f"{what} median, the client's values through the same buckets",
-                            histogram_quantile(0.5, bounds, values), p50, None, TARGET_LATENCY))
+            rows.append(
+                Row(
+                    f"{what} median (histogram_quantile, bucketed)",
+                    median,
+                    p50,
+                    None,
+                    TARGET_LATENCY,
+                    note=f"the true median lies in bucket {_bucket(bounds, median)}; histogram_quantile "
+                    "interpolates linearly inside it",
+                )
+            )
+            rows.append(
+                Row(
+                    f"{what} median, the client's values through the same buckets",
+                    histogram_quantile(0.5, bounds, values),
+                    p50,
+                    None,
+                    TARGET_LATENCY,
+                )
+            )
+
     def vdelta(name: str) -> float:
         return vl1[name] - vl0[name]
 
     rows.append(Row("output tokens", c_out, out, vdelta("vllm:generation_tokens_total"), TARGET_TOKENS))
     rows.append(Row("prompt tokens", c_prompt, prompt, vdelta("vllm:prompt_tokens_total"), TARGET_TOKENS))
-    rows.append(Row("aggregate output tok/s", c_out / run.wall, rate, None, TARGET_RATE,
-                    note=rate_note))
-    checks["every request answered 200 with content"] = all(r.status == 200 and r.ttft is not None
-                                                            for r in run.requests)
+    rows.append(Row("aggregate output tok/s", c_out / run.wall, rate, None, TARGET_RATE, note=rate_note))
+    checks["every request answered 200 with content"] = all(
+        r.status == 200 and r.ttft is not None for r in run.requests
+    )
 
     overhead: dict[str, float] = {}
     log = gw.access_log()
@@ -546,13 +628,27 @@ def run_level(gw: GatewayProcess, vllm: Any, prom: Any | None, concurrency: int,
     if pairs:
         d_ttft = sorted((r.ttft - g[1]) * 1000 for r, g in pairs if r.ttft is not None and g[1] is not None)
         d_e2e = sorted((r.e2e - g[0]) * 1000 for r, g in pairs)
-        overhead = {"ttft_mean": statistics.fmean(d_ttft), "ttft_median": statistics.median(d_ttft),
-                    "ttft_p95": d_ttft[int(0.95 * (len(d_ttft) - 1))], "e2e_mean": statistics.fmean(d_e2e),
-                    "e2e_median": statistics.median(d_e2e), "e2e_p95": d_e2e[int(0.95 * (len(d_e2e) - 1))],
-                    "matched": float(len(pairs))}
+        overhead = {
+            "ttft_mean": statistics.fmean(d_ttft),
+            "ttft_median": statistics.median(d_ttft),
+            "ttft_p95": d_ttft[int(0.95 * (len(d_ttft) - 1))],
+            "e2e_mean": statistics.fmean(d_e2e),
+            "e2e_median": statistics.median(d_e2e),
+            "e2e_p95": d_e2e[int(0.95 * (len(d_e2e) - 1))],
+            "matched": float(len(pairs)),
+        }
     errors = sum(1 for r in run.requests if r.status != 200 or r.ttft is None)
-    return LevelResult(concurrency, len(run.requests), errors, run.wall, rows, overhead, checks, run.loop_lag_ms,
-                       "Prometheus" if prom is not None else "/metrics")
+    return LevelResult(
+        concurrency,
+        len(run.requests),
+        errors,
+        run.wall,
+        rows,
+        overhead,
+        checks,
+        run.loop_lag_ms,
+        "Prometheus" if prom is not None else "/metrics",
+    )
 
 
 def _rate_diagnosis(prom: Any, run: ClientRun) -> str:
@@ -572,14 +668,16 @@ def _rate_diagnosis(prom: Any, run: ClientRun) -> str:
     before = [r for r in run.requests if r.ended_at <= first]
     after = [r for r in run.requests if r.ended_at > last]
     total = sum(r.completion_tokens for r in run.requests) or 1
-    return (f"rate() had {len(times)} samples, the first {first - run.t_start:.2f} s after the start and the last "
-            f"{run.t_end - last:.2f} s before the end. Between them the counter rose at {sampled:.1f} tok/s and the "
-            f"client's completed tokens at {client:.1f} tok/s ({_pct((sampled - client) / client) if client else 'n/a'}"
-            f"); rate() extrapolates that to the window. Outside them: {len(before)} requests "
-            f"({sum(r.completion_tokens for r in before) / total:.1%} of the tokens) ended before the first sample "
-            f"and {len(after)} ({sum(r.completion_tokens for r in after) / total:.1%}) after the last. The counter "
-            "moves when a request ends, by its whole usage, so answers that end together just after the last "
-            "scrape are what rate() misses and tokens / wall time counts")
+    return (
+        f"rate() had {len(times)} samples, the first {first - run.t_start:.2f} s after the start and the last "
+        f"{run.t_end - last:.2f} s before the end. Between them the counter rose at {sampled:.1f} tok/s and the "
+        f"client's completed tokens at {client:.1f} tok/s ({_pct((sampled - client) / client) if client else 'n/a'}"
+        f"); rate() extrapolates that to the window. Outside them: {len(before)} requests "
+        f"({sum(r.completion_tokens for r in before) / total:.1%} of the tokens) ended before the first sample "
+        f"and {len(after)} ({sum(r.completion_tokens for r in after) / total:.1%}) after the last. The counter "
+        "moves when a request ends, by its whole usage, so answers that end together just after the last "
+        "scrape are what rate() misses and tokens / wall time counts"
+    )
 
 
 def _bucket(bounds: Sequence[float], value: float) -> str:
@@ -625,13 +723,23 @@ def isolate_engine(pgid: int, nice: int = 10) -> set[int]:
 
 
 @contextmanager
-def stack(workdir: Path, max_num_seqs: int, max_model_len: int = 1024, with_prometheus: bool = True,
-          isolate: bool = True, launch: Callable[..., Any] | None = None) -> Iterator[tuple[Any, Any, Any]]:
+def stack(
+    workdir: Path,
+    max_num_seqs: int,
+    max_model_len: int = 1024,
+    with_prometheus: bool = True,
+    isolate: bool = True,
+    launch: Callable[..., Any] | None = None,
+) -> Iterator[tuple[Any, Any, Any]]:
     """(vllm, gateway, prometheus or None), all stopped on exit (vLLM by `launch`'s owner when one
     is given: the tests pass their engine_launcher). With `isolate`, vLLM gets CPU 0 to itself and
     the rest run on the other CPUs (see isolate_engine) until the end."""
-    kwargs = {"max_model_len": max_model_len, "max_num_seqs": max_num_seqs, "log_path": workdir / "vllm.log",
-              "cpu_omp_threads_bind": "0" if isolate and len(os.sched_getaffinity(0)) > 1 else None}
+    kwargs = {
+        "max_model_len": max_model_len,
+        "max_num_seqs": max_num_seqs,
+        "log_path": workdir / "vllm.log",
+        "cpu_omp_threads_bind": "0" if isolate and len(os.sched_getaffinity(0)) > 1 else None,
+    }
     vllm = (launch or servers.start_vllm)(**kwargs)
     gw = prom = None
     cpus = os.sched_getaffinity(0)
@@ -659,14 +767,19 @@ def warm_up(gw: GatewayProcess, max_tokens: int) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--concurrency", default="1,4,16", help="comma-separated levels (default 1,4,16)")
     parser.add_argument("--duration", type=float, default=20.0, help="seconds of load per level (default 20)")
     parser.add_argument("--max-requests", type=int, default=500, help="most requests per client and level")
     parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--prompt-words", type=int, default=700,
-                        help="filler words per prompt (default 700: about 2,700 prompt tokens with the tiny model)")
+    parser.add_argument(
+        "--prompt-words",
+        type=int,
+        default=700,
+        help="filler words per prompt (default 700: about 2,700 prompt tokens with the tiny model)",
+    )
     parser.add_argument("--max-num-seqs", type=int, default=16, help="vLLM's batch size (default 16)")
     parser.add_argument("--max-model-len", type=int, default=4096, help="vLLM's context (default 4096)")
     parser.add_argument("--json", type=Path, help="write every figure here")
@@ -682,8 +795,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = []
     t0 = time.monotonic()
     with stack(workdir, args.max_num_seqs, args.max_model_len) as (vllm, gw, prom):
-        print(f"vLLM ready in {vllm.ready_seconds:.0f} s (max_num_seqs {args.max_num_seqs}); gateway {gw.url}; "
-              f"Prometheus {prom.url} scraping every 1 s\n", flush=True)
+        print(
+            f"vLLM ready in {vllm.ready_seconds:.0f} s (max_num_seqs {args.max_num_seqs}); gateway {gw.url}; "
+            f"Prometheus {prom.url} scraping every 1 s\n",
+            flush=True,
+        )
         warm_up(gw, args.max_tokens)
         for c in levels:
             level = run_level(gw, vllm, prom, c, args.duration, args.max_requests, args.max_tokens, args.prompt_words)
@@ -693,8 +809,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     failed = [(lv.concurrency, r.quantity) for lv in results for r in lv.rows if r.ok is False]
     failed += [(lv.concurrency, k) for lv in results for k, v in lv.checks.items() if not v]
     if args.json:
-        args.json.write_text(json.dumps([{**asdict(lv), "rows": [{**asdict(r), "diff": r.diff, "ok": r.ok}
-                                                                  for r in lv.rows]} for lv in results], indent=1))
+        args.json.write_text(
+            json.dumps(
+                [
+                    {**asdict(lv), "rows": [{**asdict(r), "diff": r.diff, "ok": r.ok} for r in lv.rows]}
+                    for lv in results
+                ],
+                indent=1,
+            )
+        )
     if failed:
         print("targets missed: " + ", ".join(f"{q} at {c}" for c, q in failed))
     return 1 if failed else 0

@@ -47,19 +47,32 @@ class Gateway:
     lifecycle: Lifecycle
 
 
-def build(config: GatewayConfig, platform: Platform | None = None, metrics: GatewayMetrics | None = None,
-          lifecycle: Lifecycle | None = None) -> Gateway:
+def build(
+    config: GatewayConfig,
+    platform: Platform | None = None,
+    metrics: GatewayMetrics | None = None,
+    lifecycle: Lifecycle | None = None,
+) -> Gateway:
     metrics = metrics or GatewayMetrics()
     registry = Registry(config)
     upstream = UpstreamClient(config.timeouts)
     resolved = platform or resolve_platform(config.routing.platform)
     return Gateway(
-        config=config, metrics=metrics, registry=registry, upstream=upstream,
+        config=config,
+        metrics=metrics,
+        registry=registry,
+        upstream=upstream,
         router=Router(config, registry, metrics, resolved),
         caps=CapEnforcer(upstream, metrics),
-        proxy=Proxy(registry, upstream, metrics, max_attempts=config.retry.max_attempts,
-                    idle_s=config.timeouts.idle_s, keepalive_s=config.timeouts.keepalive_s,
-                    first_byte_s=config.timeouts.first_byte_s),
+        proxy=Proxy(
+            registry,
+            upstream,
+            metrics,
+            max_attempts=config.retry.max_attempts,
+            idle_s=config.timeouts.idle_s,
+            keepalive_s=config.timeouts.keepalive_s,
+            first_byte_s=config.timeouts.first_byte_s,
+        ),
         health=HealthChecker(registry, upstream, metrics, config.health),
         scraper=LoadScraper(registry, upstream, metrics, config.health),
         lifecycle=lifecycle or Lifecycle(),
@@ -94,10 +107,18 @@ async def _start(served: _Served) -> None:
     await gw.health.check_all()
     for backend in gw.registry:
         if not backend.healthy:
-            log.warning("backend %s (pool %s, %s) is not healthy at start-up: %s%s does not answer 2xx",
-                        backend.name, backend.pool, backend.engine, backend.url, backend.adapter.health_path)
-    served.tasks = [asyncio.create_task(gw.health.run(), name="health"),
-                    asyncio.create_task(gw.scraper.run(), name="scraper")]
+            log.warning(
+                "backend %s (pool %s, %s) is not healthy at start-up: %s%s does not answer 2xx",
+                backend.name,
+                backend.pool,
+                backend.engine,
+                backend.url,
+                backend.adapter.health_path,
+            )
+    served.tasks = [
+        asyncio.create_task(gw.health.run(), name="health"),
+        asyncio.create_task(gw.scraper.run(), name="scraper"),
+    ]
 
 
 async def _stop(served: _Served) -> None:
@@ -190,4 +211,3 @@ class GatewayApp:
         for backend in old.gateway.registry:
             if backend.name in gone:
                 old.gateway.health.forget(backend)
-

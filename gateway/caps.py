@@ -98,7 +98,7 @@ class _Fit:
             return
         ridge = (0.0, 1.0, 1.0)
         prior = (self.a, float(PER_MESSAGE_TOKENS), float(PER_PROMPT_TOKENS))
-        m = [[*self.sxx[3 * i:3 * i + 3], self.sxy[i] + ridge[i] * prior[i]] for i in range(3)]
+        m = [[*self.sxx[3 * i : 3 * i + 3], self.sxy[i] + ridge[i] * prior[i]] for i in range(3)]
         for i in range(3):
             m[i][i] += ridge[i]
         solved = _solve3(m)
@@ -172,10 +172,14 @@ def decide(caps: CapsConfig, prompt_tokens: int, requested: int | None) -> CapDe
     limit = caps.max_tokens_limit
     cap = caps.max_context_tokens
     if cap is not None and prompt_tokens >= cap:
-        return CapDecision("reject", message=(
-            f"This request's prompt is {prompt_tokens} tokens, which leaves no room for output "
-            f"within the route's context cap of {cap} tokens (requested output: "
-            f"{requested if requested is not None else 'not set'})."))
+        return CapDecision(
+            "reject",
+            message=(
+                f"This request's prompt is {prompt_tokens} tokens, which leaves no room for output "
+                f"within the route's context cap of {cap} tokens (requested output: "
+                f"{requested if requested is not None else 'not set'})."
+            ),
+        )
     room = cap - prompt_tokens if cap is not None else None
     if requested is None:
         value = caps.default_max_tokens
@@ -193,8 +197,9 @@ def decide(caps: CapsConfig, prompt_tokens: int, requested: int | None) -> CapDe
     return CapDecision("pass")
 
 
-def truncate_oldest(messages: Sequence[Mapping[str, Any]], token_of: Sequence[int], budget: int
-                    ) -> tuple[list[Mapping[str, Any]], int] | None:
+def truncate_oldest(
+    messages: Sequence[Mapping[str, Any]], token_of: Sequence[int], budget: int
+) -> tuple[list[Mapping[str, Any]], int] | None:
     """Drop whole messages, oldest first, never a system message nor the last user message,
     until the prompt's tokens (`token_of[i]` per message) fit `budget`. None if it can't fit."""
     total = sum(token_of)

@@ -79,8 +79,11 @@ def cmd_sim(args: argparse.Namespace) -> int:
     if args.fault:
         overrides["fault"] = args.fault
     params = SimParams.preset(args.preset, **overrides)
-    print(f"simulated {args.flavour} engine (a simulator, not a real engine) on "
-          f"http://{args.host}:{args.port}, model {args.model!r}, preset {args.preset!r}", flush=True)
+    print(
+        f"simulated {args.flavour} engine (a simulator, not a real engine) on "
+        f"http://{args.host}:{args.port}, model {args.model!r}, preset {args.preset!r}",
+        flush=True,
+    )
     with contextlib.suppress(KeyboardInterrupt):
         run(run_sim(params, args.host, args.port))
     return 0

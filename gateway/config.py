@@ -235,6 +235,7 @@ class ConfigError(Exception):
 def substitute_env(value: Any, env: Mapping[str, str], path: str = "") -> Any:
     """Replace `${NAME}` and `${NAME:-default}` in every string; a missing variable is an error."""
     if isinstance(value, str):
+
         def repl(match: re.Match[str]) -> str:
             name, default = match.group(1), match.group(2)
             if name in env:

@@ -18,23 +18,35 @@ FLAVOURS = ("vllm", "sglang", "llamacpp")
 
 def demo_config(ports: dict[str, int], cap: int = 2048) -> GatewayConfig:
     data: dict[str, Any] = {
-        "routing": {"platform": "nvidia_gpu",
-                    "shared_prefix": {"min_seen": 2, "min_prefix_chars": 256, "block_chars": 128}},
+        "routing": {
+            "platform": "nvidia_gpu",
+            "shared_prefix": {"min_seen": 2, "min_prefix_chars": 256, "block_chars": 128},
+        },
         "health": {"interval_s": 2.0, "scrape_interval_s": 1.0},
         "pools": {
-            name: {"engine": "sim", "flavour": name,
-                   "balancer": "prefix_affinity" if name == "sglang" else "least_load",
-                   "backends": [{"url": f"http://127.0.0.1:{port}", "name": f"sim-{name}",
-                                 "model": "tiny"}]}
+            name: {
+                "engine": "sim",
+                "flavour": name,
+                "balancer": "prefix_affinity" if name == "sglang" else "least_load",
+                "backends": [{"url": f"http://127.0.0.1:{port}", "name": f"sim-{name}", "model": "tiny"}],
+            }
             for name, port in ports.items()
         },
         "routes": [
-            {"model": "demo", "pools": ["sglang", "vllm", "llamacpp"],
-             "rules": [{"name": "agent-prefix", "when": {"shared_prefix": True}, "pool": "sglang"},
-                       {"name": "default", "pool": "vllm"}],
-             "caps": {"max_context_tokens": cap, "default_max_tokens": 64, "max_tokens_limit": 512}},
-            {"model": "demo-local", "pools": ["llamacpp"],
-             "caps": {"max_context_tokens": cap, "default_max_tokens": 64}},
+            {
+                "model": "demo",
+                "pools": ["sglang", "vllm", "llamacpp"],
+                "rules": [
+                    {"name": "agent-prefix", "when": {"shared_prefix": True}, "pool": "sglang"},
+                    {"name": "default", "pool": "vllm"},
+                ],
+                "caps": {"max_context_tokens": cap, "default_max_tokens": 64, "max_tokens_limit": 512},
+            },
+            {
+                "model": "demo-local",
+                "pools": ["llamacpp"],
+                "caps": {"max_context_tokens": cap, "default_max_tokens": 64},
+            },
         ],
     }
     return parse_config(data, env={})
@@ -43,11 +55,19 @@ def demo_config(ports: dict[str, int], cap: int = 2048) -> GatewayConfig:
 def banner(host: str, port: int) -> str:
     url = f"http://{host}:{port}"
     plain = json.dumps({"model": "demo", "messages": [{"role": "user", "content": "hello"}]})
-    agent = json.dumps({"model": "demo", "messages": [
-        {"role": "system", "content": "You are a careful agent. " * 20},
-        {"role": "user", "content": "step 1"}]})
-    too_long = "python3 -c 'import json; print(json.dumps({\"model\": \"demo\", \"messages\": " \
-        "[{\"role\": \"user\", \"content\": \"word \" * 3000}]}))'"
+    agent = json.dumps(
+        {
+            "model": "demo",
+            "messages": [
+                {"role": "system", "content": "You are a careful agent. " * 20},
+                {"role": "user", "content": "step 1"},
+            ],
+        }
+    )
+    too_long = (
+        'python3 -c \'import json; print(json.dumps({"model": "demo", "messages": '
+        '[{"role": "user", "content": "word " * 3000}]}))\''
+    )
     post = f"curl -s {url}/v1/chat/completions -H 'content-type: application/json'"
     return f"""
 Gateway demo: the gateway on {url}, in front of three SIMULATED engines

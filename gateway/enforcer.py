@@ -85,8 +85,9 @@ class CapEnforcer:
             self._metrics.cap_actions.labels(route.label, "defaulted", method).inc()
             ex.extra_headers.append((b"x-gateway-max-tokens", str(decision.max_tokens).encode()))
 
-    async def _truncate(self, ex: Exchange, route: RouteConfig, backend: Backend, model: str, prompt: int,
-                        method: str) -> tuple[CapDecision, int]:
+    async def _truncate(
+        self, ex: Exchange, route: RouteConfig, backend: Backend, model: str, prompt: int, method: str
+    ) -> tuple[CapDecision, int]:
         inbound = ex.inbound
         assert inbound is not None and inbound.messages is not None
         cap = route.caps.max_context_tokens
@@ -104,7 +105,9 @@ class CapEnforcer:
             raise ContextLengthExceeded(
                 f"This request's prompt is {prompt} tokens, over the route's context cap of {cap} "
                 "tokens, and dropping old messages cannot make it fit (the system prompt and the "
-                "last user message are always kept).", param="messages")
+                "last user message are always kept).",
+                param="messages",
+            )
         kept, dropped = result
         inbound.body["messages"] = inbound.messages = [dict(m) for m in kept]
         inbound.modified = True
@@ -136,7 +139,8 @@ class CapEnforcer:
             while calls:
                 call = calls.pop(0)
                 status, data = await self._upstream.post_json(
-                    backend.url + call.path, dict(call.json), headers, self._timeout_s, backend.name)
+                    backend.url + call.path, dict(call.json), headers, self._timeout_s, backend.name
+                )
                 if status != 200 or data is None:
                     return None
                 answers.append(data)

@@ -1,18 +1,18 @@
 """The errors the gateway raises, and the one OpenAI-shaped body they all render to.
 
-    GatewayError                        -> {"error": {"message", "type", "param", "code"}}
-     ├─ InvalidRequest          400       bad JSON, wrong types, invalid max_tokens, limits
-     │   └─ ContextLengthExceeded 400     prompt (+ output) over the route's cap
-     ├─ Unauthorized            401
-     ├─ NotFound                404       unknown model, unknown path
-     ├─ MethodNotAllowed        405
-     ├─ PayloadTooLarge         413
-     ├─ UnsupportedMediaType    415
-     ├─ Overloaded              429/503   no capacity; carries Retry-After
-     ├─ NoHealthyBackend        503       carries Retry-After
-     ├─ UpstreamError           502       connect failure, bad upstream response
-     ├─ UpstreamTimeout         504       no first byte in time
-     └─ EngineError             any       an engine's own error, normalised by its adapter
+GatewayError                        -> {"error": {"message", "type", "param", "code"}}
+ ├─ InvalidRequest          400       bad JSON, wrong types, invalid max_tokens, limits
+ │   └─ ContextLengthExceeded 400     prompt (+ output) over the route's cap
+ ├─ Unauthorized            401
+ ├─ NotFound                404       unknown model, unknown path
+ ├─ MethodNotAllowed        405
+ ├─ PayloadTooLarge         413
+ ├─ UnsupportedMediaType    415
+ ├─ Overloaded              429/503   no capacity; carries Retry-After
+ ├─ NoHealthyBackend        503       carries Retry-After
+ ├─ UpstreamError           502       connect failure, bad upstream response
+ ├─ UpstreamTimeout         504       no first byte in time
+ └─ EngineError             any       an engine's own error, normalised by its adapter
 """
 
 from __future__ import annotations
@@ -132,7 +132,13 @@ class EngineError(GatewayError):
     type = "invalid_request_error"
 
     def __init__(
-        self, message: str, *, status: int, type_: str, code: str | None, param: str | None = None,
+        self,
+        message: str,
+        *,
+        status: int,
+        type_: str,
+        code: str | None,
+        param: str | None = None,
         retry_after: float | None = None,
     ) -> None:
         super().__init__(message, code=code, param=param, status=status, retry_after=retry_after)

@@ -81,8 +81,7 @@ class Exchange:
         cached = self._encoded.get(model)
         if cached is None:
             body = self.inbound.body if model is None else {**self.inbound.body, "model": model}
-            cached = self._encoded[model] = json.dumps(body, ensure_ascii=False,
-                                                       separators=(",", ":")).encode()
+            cached = self._encoded[model] = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
         return cached
 
     def response_headers(self) -> list[tuple[bytes, bytes]]:
@@ -110,8 +109,7 @@ class Exchange:
         total to the engine's usage figure (which may count more than one token per chunk)."""
         delta = content_events - self.streamed_tokens
         if delta > 0:
-            self.metrics.child(self.metrics.output_tokens, self.route, self.pool, self.backend_name,
-                               "usage").inc(delta)
+            self.metrics.child(self.metrics.output_tokens, self.route, self.pool, self.backend_name, "usage").inc(delta)
             self.streamed_tokens = content_events
 
     def reported_usage(self) -> dict[str, Any] | None:
@@ -165,9 +163,18 @@ class Exchange:
             log.info(
                 "%s %s model=%s route=%s pool=%s backend=%s rule=%s status=%d outcome=%s "
                 "duration=%.4f ttft=%s out_tokens=%s",
-                self.request_id, self.path, self.inbound.model if self.inbound and self.route != "__unknown__" else "-",
-                self.route, self.pool, self.backend_name, self.rule or "-", self.status, outcome,
-                duration, f"{ttft:.4f}" if ttft is not None else "-", completion if completion else 0,
+                self.request_id,
+                self.path,
+                self.inbound.model if self.inbound and self.route != "__unknown__" else "-",
+                self.route,
+                self.pool,
+                self.backend_name,
+                self.rule or "-",
+                self.status,
+                outcome,
+                duration,
+                f"{ttft:.4f}" if ttft is not None else "-",
+                completion if completion else 0,
             )
 
 

@@ -18,8 +18,13 @@ def explain(config: GatewayConfig, raw: bytes, kind: Kind = "chat", platform: Pl
     from gateway.hostinfo import resolve_platform
 
     try:
-        inbound = parse_request(kind, raw, max_depth=config.limits.max_json_depth,
-                                max_n=config.limits.max_n, max_messages=config.limits.max_messages)
+        inbound = parse_request(
+            kind,
+            raw,
+            max_depth=config.limits.max_json_depth,
+            max_n=config.limits.max_n,
+            max_messages=config.limits.max_messages,
+        )
     except GatewayError as exc:
         return {"error": exc.body()["error"]}
     route = config.route_for(inbound.model)

@@ -43,16 +43,44 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 # Never forwarded: hop-by-hop headers (RFC 9110 7.6.1), the client's credentials, and headers the
 # gateway sets itself. The backend's own key is added by the proxy.
-_DROP = frozenset({
-    "connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade",
-    "host", "content-length", "expect", "authorization", "proxy-authorization", "cookie", "x-api-key",
-    "api-key", "accept-encoding", "forwarded", "x-forwarded-for", "x-forwarded-host", "x-forwarded-proto",
-})
+_DROP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+        "expect",
+        "authorization",
+        "proxy-authorization",
+        "cookie",
+        "x-api-key",
+        "api-key",
+        "accept-encoding",
+        "forwarded",
+        "x-forwarded-for",
+        "x-forwarded-host",
+        "x-forwarded-proto",
+    }
+)
 
 
 class CompletionEndpoint:
-    def __init__(self, kind: Kind, config: GatewayConfig, registry: Registry, router: Router,
-                 caps: CapEnforcer, proxy: Proxy, metrics: GatewayMetrics, lifecycle: Lifecycle) -> None:
+    def __init__(
+        self,
+        kind: Kind,
+        config: GatewayConfig,
+        registry: Registry,
+        router: Router,
+        caps: CapEnforcer,
+        proxy: Proxy,
+        metrics: GatewayMetrics,
+        lifecycle: Lifecycle,
+    ) -> None:
         self.kind = kind
         self._lifecycle = lifecycle
         self._config = config
@@ -77,8 +105,7 @@ class CompletionEndpoint:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = _headers(scope)
-        ex = Exchange(request_id=self._request_id(headers.get("x-request-id")), kind=self.kind,
-                      metrics=self._metrics)
+        ex = Exchange(request_id=self._request_id(headers.get("x-request-id")), kind=self.kind, metrics=self._metrics)
         task = asyncio.current_task()
         assert task is not None
         watcher: asyncio.Task[None] | None = None
@@ -91,12 +118,14 @@ class CompletionEndpoint:
                 ex.disconnect_stage = "before_backend"
                 return
             limits = self._config.limits
-            inbound = parse_request(self.kind, raw, max_depth=limits.max_json_depth, max_n=limits.max_n,
-                                    max_messages=limits.max_messages)
+            inbound = parse_request(
+                self.kind, raw, max_depth=limits.max_json_depth, max_n=limits.max_n, max_messages=limits.max_messages
+            )
             route = self._config.route_for(inbound.model)
             if route is None:
-                raise ModelNotFound(f"The model '{_clip(inbound.model)}' does not exist on this gateway.",
-                                    param="model")
+                raise ModelNotFound(
+                    f"The model '{_clip(inbound.model)}' does not exist on this gateway.", param="model"
+                )
             ex.route, ex.inbound, ex.upstream_model = route.label, inbound, route.upstream_model
             watcher = asyncio.create_task(_watch_disconnect(receive, task, ex))
             plan = self._router.plan(route, inbound, headers, self._caps.routing_estimate(route, inbound))
@@ -105,11 +134,9 @@ class CompletionEndpoint:
             await self._caps.apply(ex, route, backends[0])
             if inbound.stream and not inbound.include_usage and inbound.kind != "embeddings":
                 # Ask for the usage chunk so token counts are exact; the relay strips it again.
-                inbound.body["stream_options"] = {**(inbound.body.get("stream_options") or {}),
-                                                  "include_usage": True}
+                inbound.body["stream_options"] = {**(inbound.body.get("stream_options") or {}), "include_usage": True}
                 inbound.modified = ex.injected_usage = True
-            await self._proxy.forward(ex, send, raw, _upstream_headers(headers, ex.request_id),
-                                      backends)
+            await self._proxy.forward(ex, send, raw, _upstream_headers(headers, ex.request_id), backends)
         except GatewayError as err:
             if ex.outcome is None:
                 ex.outcome = _outcome_for(err)
@@ -142,8 +169,9 @@ class CompletionEndpoint:
             ex.finish()
             usage = ex.reported_usage()
             if usage is not None and ex.outcome == "success":
-                self._caps.learn(ex, usage.get("prompt_tokens") if isinstance(usage.get("prompt_tokens"), int)
-                                 else None)
+                self._caps.learn(
+                    ex, usage.get("prompt_tokens") if isinstance(usage.get("prompt_tokens"), int) else None
+                )
 
     async def _admit(self, plan: Plan, route: str) -> list[Backend]:
         """The backends to try; when every one is full, wait in the bounded queue for a slot."""
@@ -155,13 +183,13 @@ class CompletionEndpoint:
         while not backends and saturated and plan.key is not None:
             left = deadline - time.perf_counter()
             if not await self._registry.wait_for_slot(plan.pool, left, limits.max_queue):
-                raise Overloaded(f"Every backend of pool '{plan.pool}' is at its concurrency limit.",
-                                 retry_after=1)
+                raise Overloaded(f"Every backend of pool '{plan.pool}' is at its concurrency limit.", retry_after=1)
             backends, saturated = self._router.order(plan.pool, plan.key)
         if not backends:
             raise NoHealthyBackend(f"No healthy backend can serve route '{route}'.", retry_after=5)
         self._metrics.child(self._metrics.queue_wait, route, plan.pool).observe(time.perf_counter() - started)
         return backends
+
 
 async def _watch_disconnect(receive: Receive, task: asyncio.Task[Any], ex: Exchange) -> None:
     """Runs beside the request; when the client goes, cancel the request's task so that the
@@ -252,12 +280,12 @@ def _outcome_for(err: GatewayError) -> str:
 
 
 async def _send_shutdown(send: Send, ex: Exchange) -> None:
-    err = NoHealthyBackend("The gateway shut down before this request finished.", code="shutdown",
-                           retry_after=1)
+    err = NoHealthyBackend("The gateway shut down before this request finished.", code="shutdown", retry_after=1)
     try:
         if ex.response_started:
-            await send({"type": "http.response.body", "body": b"data: " + err.body_bytes() + b"\n\n",
-                        "more_body": False})
+            await send(
+                {"type": "http.response.body", "body": b"data: " + err.body_bytes() + b"\n\n", "more_body": False}
+            )
         else:
             ex.status = err.status_code
             await _send_error(send, err, ex)

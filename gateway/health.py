@@ -19,8 +19,9 @@ log = logging.getLogger(__name__)
 
 
 class HealthChecker:
-    def __init__(self, registry: Registry, upstream: UpstreamClient, metrics: GatewayMetrics,
-                 config: HealthConfig) -> None:
+    def __init__(
+        self, registry: Registry, upstream: UpstreamClient, metrics: GatewayMetrics, config: HealthConfig
+    ) -> None:
         self._registry = registry
         self._upstream = upstream
         self._metrics = metrics
@@ -29,8 +30,13 @@ class HealthChecker:
     async def check(self, backend: Backend) -> bool:
         headers = backend.auth_headers()
         try:
-            status, _ = await self._upstream.get(backend.url + backend.adapter.health_path, headers,
-                                                 self._config.timeout_s, backend.name, max_bytes=64 * 1024)
+            status, _ = await self._upstream.get(
+                backend.url + backend.adapter.health_path,
+                headers,
+                self._config.timeout_s,
+                backend.name,
+                max_bytes=64 * 1024,
+            )
         except GatewayError:
             return False
         return 200 <= status < 300
@@ -57,8 +63,10 @@ class HealthChecker:
     def forget(self, backend: Backend) -> None:
         """Drop a gone backend's series, so /metrics does not keep reporting it."""
         m = self._metrics
-        for metric, labels in ((m.backend_up, (backend.pool, backend.name, backend.engine)),
-                               (m.scrape_age, (backend.pool, backend.name))):
+        for metric, labels in (
+            (m.backend_up, (backend.pool, backend.name, backend.engine)),
+            (m.scrape_age, (backend.pool, backend.name)),
+        ):
             with contextlib.suppress(KeyError):
                 metric.remove(*labels)
         for signal in ("running", "waiting", "kv_usage", "prefix_hit_rate"):
@@ -77,8 +85,13 @@ class HealthChecker:
             now = backend.healthy
             self._metrics.backend_up.labels(backend.pool, backend.name, backend.engine).set(1 if now else 0)
             if was != now:
-                log.log(logging.INFO if now else logging.WARNING, "backend %s (%s) is now %s", backend.name,
-                        backend.pool, "healthy" if now else "unhealthy")
+                log.log(
+                    logging.INFO if now else logging.WARNING,
+                    "backend %s (%s) is now %s",
+                    backend.name,
+                    backend.pool,
+                    "healthy" if now else "unhealthy",
+                )
 
     async def run(self) -> None:
         while True:

@@ -65,9 +65,7 @@ def decode_json(raw: bytes, max_depth: int) -> dict[str, Any]:
     try:
         value = json.loads(text, parse_constant=_reject_constant)
     except RecursionError:
-        raise InvalidRequest(
-            f"The JSON body is nested too deeply (limit {max_depth}).", code="json_too_deep"
-        ) from None
+        raise InvalidRequest(f"The JSON body is nested too deeply (limit {max_depth}).", code="json_too_deep") from None
     except ValueError as exc:
         raise InvalidRequest(f"The request body is not valid JSON: {exc}", code="invalid_json") from None
     if not isinstance(value, dict):
@@ -98,8 +96,7 @@ def _positive_int(body: dict[str, Any], field: str) -> int | None:
         else:
             raise InvalidRequest(f"'{field}' must be a positive integer.", param=field, code="invalid_value")
     if value <= 0:
-        raise InvalidRequest(f"'{field}' must be a positive integer, got {value}.", param=field,
-                             code="invalid_value")
+        raise InvalidRequest(f"'{field}' must be a positive integer, got {value}.", param=field, code="invalid_value")
     if value > _MAX_INT:
         raise InvalidRequest(f"'{field}' is too large ({value}).", param=field, code="invalid_value")
     return int(value)
@@ -117,33 +114,34 @@ def _check_messages(messages: Any, max_messages: int) -> list[dict[str, Any]]:
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("'messages' must be a non-empty array.", param="messages", code="invalid_type")
     if len(messages) > max_messages:
-        raise InvalidRequest(f"Too many messages ({len(messages)} > {max_messages}).", param="messages",
-                             code="too_many_messages")
+        raise InvalidRequest(
+            f"Too many messages ({len(messages)} > {max_messages}).", param="messages", code="too_many_messages"
+        )
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
-            raise InvalidRequest(f"'messages[{i}]' must be an object.", param=f"messages[{i}]",
-                                 code="invalid_type")
+            raise InvalidRequest(f"'messages[{i}]' must be an object.", param=f"messages[{i}]", code="invalid_type")
         role = message.get("role")
         if not isinstance(role, str):
-            raise InvalidRequest(f"'messages[{i}].role' must be a string.", param=f"messages[{i}].role",
-                                 code="invalid_type")
+            raise InvalidRequest(
+                f"'messages[{i}].role' must be a string.", param=f"messages[{i}].role", code="invalid_type"
+            )
         content = message.get("content")
         if content is not None and not isinstance(content, str | list):
-            raise InvalidRequest(f"'messages[{i}].content' must be a string or an array of parts.",
-                                 param=f"messages[{i}].content", code="invalid_type")
+            raise InvalidRequest(
+                f"'messages[{i}].content' must be a string or an array of parts.",
+                param=f"messages[{i}].content",
+                code="invalid_type",
+            )
     return messages
 
 
-def parse_request(
-    kind: Kind, raw: bytes, *, max_depth: int, max_n: int, max_messages: int
-) -> InboundRequest:
+def parse_request(kind: Kind, raw: bytes, *, max_depth: int, max_n: int, max_messages: int) -> InboundRequest:
     body = decode_json(raw, max_depth)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("'model' is required and must be a string.", param="model", code="invalid_type")
     if len(model) > _MAX_MODEL_CHARS or not model.isprintable():
-        raise InvalidRequest("'model' is too long or contains control characters.", param="model",
-                             code="invalid_value")
+        raise InvalidRequest("'model' is too long or contains control characters.", param="model", code="invalid_value")
     stream = body.get("stream", False)
     if stream is None:
         stream = False
@@ -172,8 +170,7 @@ def parse_request(
     elif kind == "completions":
         prompt = body.get("prompt")
         if not isinstance(prompt, str | list) or (isinstance(prompt, list) and not prompt):
-            raise InvalidRequest("'prompt' must be a string or a non-empty array.", param="prompt",
-                                 code="invalid_type")
+            raise InvalidRequest("'prompt' must be a string or a non-empty array.", param="prompt", code="invalid_type")
     else:
         if body.get("input") is None:
             raise InvalidRequest("'input' is required.", param="input", code="invalid_type")
@@ -188,7 +185,16 @@ def parse_request(
             del body[steering]
             modified = True
     return InboundRequest(
-        kind=kind, body=body, model=model, stream=stream, include_usage=include_usage,
-        max_tokens=max_tokens, max_tokens_field=field, n=n, messages=messages,
-        has_tools=bool(tools), user=user, modified=modified,
+        kind=kind,
+        body=body,
+        model=model,
+        stream=stream,
+        include_usage=include_usage,
+        max_tokens=max_tokens,
+        max_tokens_field=field,
+        n=n,
+        messages=messages,
+        has_tools=bool(tools),
+        user=user,
+        modified=modified,
     )

@@ -213,9 +213,7 @@ def _auto_dtype(cfg: Mapping[str, Any], outer: Mapping[str, Any]) -> tuple[str, 
     try:
         dtype = normalize_dtype(raw)
     except ValueError:
-        raise ValueError(
-            f"config.json: torch_dtype {raw!r} is not a KV dtype; pass an explicit one"
-        ) from None
+        raise ValueError(f"config.json: torch_dtype {raw!r} is not a KV dtype; pass an explicit one") from None
     if dtype == "fp32":  # engines serve float32 checkpoints in 16 bits (vLLM dtype=auto does)
         return "bf16", "auto: checkpoint is float32, served in 16 bits, so KV counted as bf16"
     return dtype, None
@@ -223,11 +221,7 @@ def _auto_dtype(cfg: Mapping[str, Any], outer: Mapping[str, Any]) -> tuple[str, 
 
 def _windows(cfg: Mapping[str, Any], layers: int, model_type: str) -> tuple[int | None, ...]:
     raw = cfg.get("sliding_window")
-    window = (
-        None
-        if raw is None or raw is False or (isinstance(raw, int) and raw <= 0)
-        else _int(cfg, "sliding_window")
-    )
+    window = None if raw is None or raw is False or (isinstance(raw, int) and raw <= 0) else _int(cfg, "sliding_window")
     if window is None or cfg.get("use_sliding_window") is False:  # Qwen2-family: present but off
         return (None,) * layers
     layer_types = cfg.get("layer_types")
@@ -283,9 +277,7 @@ def kv_spec_from_hf_config(
         notes.append("sliding-window layers counted at full context (as if the engine allocates them so)")
     if c.get("kv_lora_rank") is not None:
         latent = _need(c, "kv_lora_rank") + _need(c, "qk_rope_head_dim")
-        return KVSpec(
-            kv_heads=1, head_dim=latent, windows=windows, tensors=1, mla=True, notes=tuple(notes), **common
-        )
+        return KVSpec(kv_heads=1, head_dim=latent, windows=windows, tensors=1, mla=True, notes=tuple(notes), **common)
     kv_heads = _int(c, "num_key_value_heads") or (1 if c.get("multi_query") is True else heads)
     head_dim = _int(c, "head_dim")
     if head_dim is None:
@@ -374,9 +366,7 @@ def format_table(
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = [*_describe(spec), "units: GB = 10^9 bytes, GiB = 2^30 bytes", ""]
     lines += [
-        "  ".join(
-            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))
-        )
+        "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
         for r in rows
     ]
     base = bytes_per_sequence(spec, caps[0])
@@ -385,8 +375,7 @@ def format_table(
         diff = bytes_per_sequence(spec, cap) - base
         change = f"{abs(diff) / GB:,.2f} GB {'more' if diff > 0 else 'less'}" if diff else "the same"
         lines.append(
-            f"{format_cap(cap)} instead of {format_cap(caps[0])}: {change} KV per sequence "
-            f"({100 * diff / base:+.0f}%)"
+            f"{format_cap(cap)} instead of {format_cap(caps[0])}: {change} KV per sequence ({100 * diff / base:+.0f}%)"
         )
     if too_long:
         lines.append(f"* beyond the model's max_position_embeddings ({spec.max_context:,})")

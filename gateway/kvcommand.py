@@ -33,8 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--dtype",
         dest="kv_dtype",
         default="auto",
-        help="fp32, fp16, bf16, fp8 (e4m3), fp8_e5m2, int8; auto = the checkpoint's "
-        "torch_dtype (fp16 with --layers)",
+        help="fp32, fp16, bf16, fp8 (e4m3), fp8_e5m2, int8; auto = the checkpoint's torch_dtype (fp16 with --layers)",
     )
     parser.add_argument("--caps", default="256k,64k", help="context caps to compare (k = 1024)")
     parser.add_argument("--concurrency", default="1,8,32", help="concurrent sequences per column")

@@ -35,16 +35,25 @@ def render_plan(config: GatewayConfig, kv_config: str | None = None, parallel: i
         for i, backend in enumerate(pool.backends):
             url = urlsplit(backend.url)
             port = url.port or (443 if url.scheme == "https" else 80)
-            launch = LaunchSpec(model=backend.model or "MODEL", host=url.hostname or "127.0.0.1", port=port,
-                                max_context_tokens=cap, parallel=parallel)
+            launch = LaunchSpec(
+                model=backend.model or "MODEL",
+                host=url.hostname or "127.0.0.1",
+                port=port,
+                max_context_tokens=cap,
+                parallel=parallel,
+            )
             argv = adapter.launch_argv(launch)
             name = backend_name(pool_name, i, backend)
-            lines.append(f"# {name}: pool {pool_name}, engine {pool.engine}, "
-                         f"cap {cap if cap is not None else 'none (engine default)'}")
+            lines.append(
+                f"# {name}: pool {pool_name}, engine {pool.engine}, "
+                f"cap {cap if cap is not None else 'none (engine default)'}"
+            )
             lines.append(shlex.join(argv) if argv else "# (no launch command: an external server)")
             if spec is not None and cap is not None:
                 per_seq = kv.bytes_per_sequence(spec, cap)
-                lines.append(f"# KV cache: {per_seq / kv.GB:.2f} GB per sequence at the cap, "
-                             f"{per_seq * parallel / kv.GB:.2f} GB for {parallel} concurrent sequences")
+                lines.append(
+                    f"# KV cache: {per_seq / kv.GB:.2f} GB per sequence at the cap, "
+                    f"{per_seq * parallel / kv.GB:.2f} GB for {parallel} concurrent sequences"
+                )
             lines.append("")
     return "\n".join(lines).rstrip() + "\n"

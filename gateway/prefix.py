@@ -59,8 +59,11 @@ def conversation_anchor(body: Mapping[str, Any], block_chars: int) -> Anchor:
     messages = body.get("messages")
     if not isinstance(messages, list | tuple):
         return Anchor(None, 0)
-    head = _chat_text([m for m in messages if isinstance(m, Mapping) and m.get("role") in _SYSTEM_ROLES],
-                      body.get("tools"), body.get("functions"))
+    head = _chat_text(
+        [m for m in messages if isinstance(m, Mapping) and m.get("role") in _SYSTEM_ROLES],
+        body.get("tools"),
+        body.get("functions"),
+    )
     first = next((m for m in messages if isinstance(m, Mapping) and m.get("role") not in _SYSTEM_ROLES), None)
     if first is None:
         return Anchor(None, 0)

@@ -70,8 +70,16 @@ class StreamCut(Exception):
 
 
 class Proxy:
-    def __init__(self, registry: Registry, upstream: UpstreamClient, metrics: GatewayMetrics,
-                 max_attempts: int, idle_s: float, keepalive_s: float, first_byte_s: float) -> None:
+    def __init__(
+        self,
+        registry: Registry,
+        upstream: UpstreamClient,
+        metrics: GatewayMetrics,
+        max_attempts: int,
+        idle_s: float,
+        keepalive_s: float,
+        first_byte_s: float,
+    ) -> None:
         self._registry = registry
         self._upstream = upstream
         self._metrics = metrics
@@ -82,8 +90,9 @@ class Proxy:
         # headers at once, so a long prefill shows up as a wait for the first chunk.
         self._first_token_s = first_byte_s
 
-    async def forward(self, ex: Exchange, send: Send, body: bytes, headers: dict[str, str],
-                      order: Sequence[Backend]) -> None:
+    async def forward(
+        self, ex: Exchange, send: Send, body: bytes, headers: dict[str, str], order: Sequence[Backend]
+    ) -> None:
         """Try backends in order until one answers 200, then relay. Raises GatewayError when
         nothing could be relayed; the caller renders it."""
         last_error: GatewayError | None = None
@@ -107,7 +116,9 @@ class Proxy:
                     if attempts == 1:
                         ex.mark_sent()
                     resp = await self._upstream.post(
-                        backend.url + ex.path, ex.upstream_body(body, backend), headers_for(headers, backend),
+                        backend.url + ex.path,
+                        ex.upstream_body(body, backend),
+                        headers_for(headers, backend),
                         backend.name,
                     )
                 except (UpstreamError, UpstreamTimeout) as exc:
@@ -118,8 +129,9 @@ class Proxy:
                     error = await self._error_from(resp, backend)
                     if resp.status >= 500 or resp.status == 429:
                         last_error = error
-                        self._count_failure(backend, "status_429" if resp.status == 429 else "status_5xx",
-                                            penalise=resp.status >= 500)
+                        self._count_failure(
+                            backend, "status_429" if resp.status == 429 else "status_5xx", penalise=resp.status >= 500
+                        )
                         continue
                     raise error
                 self._registry.record_success(backend)
@@ -151,10 +163,14 @@ class Proxy:
         retry_after = _retry_after(resp.headers.get("retry-after"))
         if resp.status == 503:
             # Overloaded or not ready: keep the status so the client backs off as the engine asked.
-            return NoHealthyBackend(f"Backend {backend.name} is unavailable (503).", code="upstream_unavailable",
-                                    retry_after=retry_after if retry_after is not None else 1)
-        return EngineError(norm.message, status=norm.status, type_=norm.type, code=norm.code,
-                           param=norm.param, retry_after=retry_after)
+            return NoHealthyBackend(
+                f"Backend {backend.name} is unavailable (503).",
+                code="upstream_unavailable",
+                retry_after=retry_after if retry_after is not None else 1,
+            )
+        return EngineError(
+            norm.message, status=norm.status, type_=norm.type, code=norm.code, param=norm.param, retry_after=retry_after
+        )
 
     async def _relay_body(self, ex: Exchange, send: Send, resp: aiohttp.ClientResponse) -> None:
         try:
@@ -167,20 +183,30 @@ class Proxy:
         try:
             parsed = json.loads(raw)
         except ValueError:
-            raise UpstreamError(f"Backend {ex.backend_name} sent a response that is not JSON.",
-                                code="bad_upstream_response") from None
+            raise UpstreamError(
+                f"Backend {ex.backend_name} sent a response that is not JSON.", code="bad_upstream_response"
+            ) from None
         if isinstance(parsed, dict) and isinstance(parsed.get("usage"), dict):
             ex.usage = parsed["usage"]
             if ex.engine_truncated(ex.usage):
                 self._metrics.cap_actions.labels(ex.route, "engine_truncated", "usage").inc()
                 expected = ex.prompt_exact or ex.prompt_estimate
-                ex.extra_headers.append((b"x-gateway-engine-truncated-prompt",
-                                         f"{ex.usage.get('prompt_tokens')}/{expected}".encode()))
+                ex.extra_headers.append(
+                    (b"x-gateway-engine-truncated-prompt", f"{ex.usage.get('prompt_tokens')}/{expected}".encode())
+                )
         ex.status = 200
         ctype = resp.headers.get("content-type", "application/json").encode("latin-1")
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", ctype), (b"content-length", str(len(raw)).encode()),
-                                *ex.response_headers()]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", ctype),
+                    (b"content-length", str(len(raw)).encode()),
+                    *ex.response_headers(),
+                ],
+            }
+        )
         ex.response_started = True
         await send({"type": "http.response.body", "body": raw, "more_body": False})
         ex.outcome = "success"
@@ -223,8 +249,9 @@ class Proxy:
                 chunks += 1
             rest = observer.flush()
             if not observer.done:
-                raise StreamCut("upstream_error_midstream",
-                                f"Backend {ex.backend_name} ended the stream before it was complete.")
+                raise StreamCut(
+                    "upstream_error_midstream", f"Backend {ex.backend_name} ended the stream before it was complete."
+                )
             await send({"type": "http.response.body", "body": rest, "more_body": False})
             ex.outcome = "success"
             resp.release()
@@ -279,8 +306,7 @@ class Proxy:
 
     async def _start_stream(self, ex: Exchange, send: Send) -> None:
         ex.status = 200
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [*_SSE_HEADERS, *ex.response_headers()]})
+        await send({"type": "http.response.start", "status": 200, "headers": [*_SSE_HEADERS, *ex.response_headers()]})
         ex.response_started = True
 
     async def _cut(self, ex: Exchange, send: Send, cut: StreamCut) -> None:
@@ -294,14 +320,18 @@ class Proxy:
             if cut.outcome == "timeout_ttfb":
                 raise UpstreamTimeout(cut.message)
             raise UpstreamError(cut.message, code="upstream_disconnected")
-        event = {"error": {"message": cut.message, "type": "upstream_error", "param": None,
-                           "code": cut.outcome}}
+        event = {"error": {"message": cut.message, "type": "upstream_error", "param": None, "code": cut.outcome}}
         # A client that stopped reading (the reason the stream stalled, perhaps) must not hold this
         # task forever: give the last event a few seconds, then let uvicorn close the connection.
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(5):
-                await send({"type": "http.response.body",
-                            "body": b"data: " + json.dumps(event).encode() + b"\n\n", "more_body": False})
+                await send(
+                    {
+                        "type": "http.response.body",
+                        "body": b"data: " + json.dumps(event).encode() + b"\n\n",
+                        "more_body": False,
+                    }
+                )
 
 
 def headers_for(base: dict[str, str], backend: Backend) -> dict[str, str]:

@@ -46,8 +46,14 @@ class Backend:
         ramp = 1.0
         if self.readmitted_at is not None and slow_start_s > 0:
             ramp = min(1.0, max(0.0, (now - self.readmitted_at) / slow_start_s))
-        return Candidate(name=self.name, in_flight=self.in_flight, load=self.load, load_fresh=fresh,
-                         max_in_flight=self.max_in_flight, ramp=ramp)
+        return Candidate(
+            name=self.name,
+            in_flight=self.in_flight,
+            load=self.load,
+            load_fresh=fresh,
+            max_in_flight=self.max_in_flight,
+            ramp=ramp,
+        )
 
 
 @dataclass(eq=False)
@@ -98,9 +104,14 @@ class Registry:
                     self.discovered.append(Discovered(pool_name, backend_name(pool_name, i, b), b, adapter))
                     continue
                 backend = Backend(
-                    pool=pool_name, name=backend_name(pool_name, i, b), engine=pool.engine,
-                    url=b.url.rstrip("/"), api_key=(b.api_key.get_secret_value() or None) if b.api_key else None,
-                    model=b.model, max_in_flight=b.max_in_flight, adapter=adapter,
+                    pool=pool_name,
+                    name=backend_name(pool_name, i, b),
+                    engine=pool.engine,
+                    url=b.url.rstrip("/"),
+                    api_key=(b.api_key.get_secret_value() or None) if b.api_key else None,
+                    model=b.model,
+                    max_in_flight=b.max_in_flight,
+                    adapter=adapter,
                 )
                 members.append(backend)
                 self.by_name[backend.name] = backend
@@ -139,9 +150,14 @@ class Registry:
                 continue
             cfg = entry.config
             backend = Backend(
-                pool=entry.pool, name=entry.member_name(address), engine=self._config.pools[entry.pool].engine,
-                url=entry.url_for(address), api_key=(cfg.api_key.get_secret_value() or None) if cfg.api_key else None,
-                model=cfg.model, max_in_flight=cfg.max_in_flight, adapter=entry.adapter,
+                pool=entry.pool,
+                name=entry.member_name(address),
+                engine=self._config.pools[entry.pool].engine,
+                url=entry.url_for(address),
+                api_key=(cfg.api_key.get_secret_value() or None) if cfg.api_key else None,
+                model=cfg.model,
+                max_in_flight=cfg.max_in_flight,
+                adapter=entry.adapter,
             )
             entry.members[address] = backend
             self.pools[entry.pool].append(backend)

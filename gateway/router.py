@@ -29,8 +29,7 @@ class Plan:
 
 
 class Router:
-    def __init__(self, config: GatewayConfig, registry: Registry, metrics: GatewayMetrics,
-                 platform: Platform) -> None:
+    def __init__(self, config: GatewayConfig, registry: Registry, metrics: GatewayMetrics, platform: Platform) -> None:
         self._config = config
         self._registry = registry
         self._metrics = metrics
@@ -47,21 +46,28 @@ class Router:
     def platform(self) -> Platform:
         return self._platform
 
-    def facts(self, route: RouteConfig, inbound: InboundRequest, headers: dict[str, str],
-              prompt_tokens: int, now: float) -> tuple[RequestFacts, tuple[int, ...]]:
+    def facts(
+        self, route: RouteConfig, inbound: InboundRequest, headers: dict[str, str], prompt_tokens: int, now: float
+    ) -> tuple[RequestFacts, tuple[int, ...]]:
         fp: tuple[int, ...] = ()
         shared = False
         if self._needs_prefix and inbound.kind != "embeddings":
             fp = fingerprint(canonical_prompt(inbound.body), self._config.routing.shared_prefix.block_chars)
             shared = self._tracker.observe(fp, now).shared
         facts = RequestFacts(
-            model=inbound.model, stream=inbound.stream, has_tools=inbound.has_tools, headers=headers,
-            prompt_tokens=prompt_tokens, shared_prefix=shared, platform=self._platform,
+            model=inbound.model,
+            stream=inbound.stream,
+            has_tools=inbound.has_tools,
+            headers=headers,
+            prompt_tokens=prompt_tokens,
+            shared_prefix=shared,
+            platform=self._platform,
         )
         return facts, fp
 
-    def plan(self, route: RouteConfig, inbound: InboundRequest, headers: dict[str, str],
-             prompt_tokens: int = 0) -> Plan:
+    def plan(
+        self, route: RouteConfig, inbound: InboundRequest, headers: dict[str, str], prompt_tokens: int = 0
+    ) -> Plan:
         now = time.monotonic()
         facts, fp = self.facts(route, inbound, headers, prompt_tokens, now)
         decision = select_pool(route, facts, self._registry.pool_available)
@@ -69,13 +75,23 @@ class Router:
             return Plan(pool=route.pools[0], rule="none", backends=[], facts=facts, fingerprint=fp)
         self._metrics.child(self._metrics.route_decisions, route.label, decision.pool, decision.rule).inc()
         session = headers.get(self._config.pools[decision.pool].session_header.lower()) or inbound.user
-        anchor = conversation_anchor(inbound.body, self._config.routing.shared_prefix.block_chars) \
-            if fp else None
-        key = BalanceKey(fingerprint=fp, session=session, anchor=anchor.key if anchor else None,
-                         anchor_block=anchor.block if anchor else 0)
+        anchor = conversation_anchor(inbound.body, self._config.routing.shared_prefix.block_chars) if fp else None
+        key = BalanceKey(
+            fingerprint=fp,
+            session=session,
+            anchor=anchor.key if anchor else None,
+            anchor_block=anchor.block if anchor else 0,
+        )
         backends, saturated = self.order(decision.pool, key, now)
-        return Plan(pool=decision.pool, rule=decision.rule, backends=backends, facts=facts, fingerprint=fp,
-                    key=key, saturated=saturated)
+        return Plan(
+            pool=decision.pool,
+            rule=decision.rule,
+            backends=backends,
+            facts=facts,
+            fingerprint=fp,
+            key=key,
+            saturated=saturated,
+        )
 
     def order(self, pool: str, key: BalanceKey, now: float | None = None) -> tuple[list[Backend], bool]:
         """The pool's healthy backends with capacity, in the balancer's order; and whether some

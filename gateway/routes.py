@@ -23,13 +23,18 @@ from gateway.scraper import LoadScraper
 
 
 def error_response(err: GatewayError) -> Response:
-    return Response(err.body_bytes(), status_code=err.status_code, media_type="application/json",
-                    headers=err.headers())
+    return Response(err.body_bytes(), status_code=err.status_code, media_type="application/json", headers=err.headers())
 
 
 class Endpoints:
-    def __init__(self, config: GatewayConfig, registry: Registry, metrics: GatewayMetrics,
-                 scraper: LoadScraper, lifecycle: Lifecycle) -> None:
+    def __init__(
+        self,
+        config: GatewayConfig,
+        registry: Registry,
+        metrics: GatewayMetrics,
+        scraper: LoadScraper,
+        lifecycle: Lifecycle,
+    ) -> None:
         self._config = config
         self._lifecycle = lifecycle
         self._auth = ClientAuth([k.get_secret_value() for k in config.server.api_keys])
@@ -45,7 +50,8 @@ class Endpoints:
             return error_response(err)
         data = [
             {"id": r.model, "object": "model", "created": self._created, "owned_by": "gateway"}
-            for r in self._config.routes if not r.is_glob
+            for r in self._config.routes
+            if not r.is_glob
         ]
         return JSONResponse({"object": "list", "data": data})
 
@@ -55,9 +61,15 @@ class Endpoints:
     async def readyz(self, request: Request) -> Response:
         healthy = [b.name for b in self._registry if b.healthy]
         ready = bool(healthy) and not self._lifecycle.draining
-        return JSONResponse({"ready": ready, "draining": self._lifecycle.draining,
-                             "healthy_backends": len(healthy), "backends": len(self._registry.by_name)},
-                            status_code=200 if ready else 503)
+        return JSONResponse(
+            {
+                "ready": ready,
+                "draining": self._lifecycle.draining,
+                "healthy_backends": len(healthy),
+                "backends": len(self._registry.by_name),
+            },
+            status_code=200 if ready else 503,
+        )
 
     async def metrics(self, request: Request) -> Response:
         self._scraper.export_ages()

@@ -17,8 +17,9 @@ log = logging.getLogger(__name__)
 
 
 class LoadScraper:
-    def __init__(self, registry: Registry, upstream: UpstreamClient, metrics: GatewayMetrics,
-                 config: HealthConfig) -> None:
+    def __init__(
+        self, registry: Registry, upstream: UpstreamClient, metrics: GatewayMetrics, config: HealthConfig
+    ) -> None:
         self._registry = registry
         self._upstream = upstream
         self._metrics = metrics
@@ -30,8 +31,7 @@ class LoadScraper:
             return
         headers = backend.auth_headers()
         try:
-            status, raw = await self._upstream.get(backend.url + path, headers, self._config.timeout_s,
-                                                   backend.name)
+            status, raw = await self._upstream.get(backend.url + path, headers, self._config.timeout_s, backend.name)
         except GatewayError:
             return
         if status != 200:

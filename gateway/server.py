@@ -56,8 +56,7 @@ class GatewayServer(uvicorn.Server):
         try:
             config = load_config(self.config_path)
         except ConfigError as exc:
-            log.error("reload of %s refused, the running config stays: %s", self.config_path,
-                      "; ".join(exc.problems))
+            log.error("reload of %s refused, the running config stays: %s", self.config_path, "; ".join(exc.problems))
             return False
         app = self.config.loaded_app
         while not isinstance(app, GatewayApp):
@@ -88,19 +87,36 @@ class GatewayServer(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
-def uvicorn_config(config: GatewayConfig, host: str, port: int, platform: Platform | None = None,
-                   log_level: str = "info") -> uvicorn.Config:
+def uvicorn_config(
+    config: GatewayConfig, host: str, port: int, platform: Platform | None = None, log_level: str = "info"
+) -> uvicorn.Config:
     return uvicorn.Config(
-        create_app(config, platform), host=host, port=port, loop="uvloop",
+        create_app(config, platform),
+        host=host,
+        port=port,
+        loop="uvloop",
         http=protocol_class(config.server.request_timeout_s),
-        lifespan="on", access_log=False, log_level=log_level, log_config=None,
-        timeout_graceful_shutdown=max(1, int(config.server.drain_timeout_s)), server_header=False,
-        date_header=False, timeout_keep_alive=30, proxy_headers=False,
+        lifespan="on",
+        access_log=False,
+        log_level=log_level,
+        log_config=None,
+        timeout_graceful_shutdown=max(1, int(config.server.drain_timeout_s)),
+        server_header=False,
+        date_header=False,
+        timeout_keep_alive=30,
+        proxy_headers=False,
     )
 
 
-async def serve(config: GatewayConfig, host: str, port: int, platform: Platform | None = None,
-                log_level: str = "info", started: asyncio.Event | None = None, config_path: str | None = None) -> None:
+async def serve(
+    config: GatewayConfig,
+    host: str,
+    port: int,
+    platform: Platform | None = None,
+    log_level: str = "info",
+    started: asyncio.Event | None = None,
+    config_path: str | None = None,
+) -> None:
     server = GatewayServer(uvicorn_config(config, host, port, platform, log_level), config_path)
     task = asyncio.create_task(server.serve())
     while not server.started and not task.done():
@@ -129,8 +145,14 @@ class Running:
         await self.task
 
 
-async def start(config: GatewayConfig, host: str = "127.0.0.1", port: int = 0, platform: Platform | None = None,
-                log_level: str = "warning", timeout_s: float = 10.0) -> Running:
+async def start(
+    config: GatewayConfig,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    platform: Platform | None = None,
+    log_level: str = "warning",
+    timeout_s: float = 10.0,
+) -> Running:
     """Start serving in this loop and return once the socket listens (port 0 picks a free one)."""
     uv = uvicorn_config(config, host, port, platform, log_level)
     server = GatewayServer(uv)

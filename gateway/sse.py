@@ -19,7 +19,7 @@ def _has_content(event: bytes) -> bool:
     for marker in _CONTENT_MARKERS:
         i = event.find(marker)
         while i >= 0:
-            nxt = event[i + len(marker): i + len(marker) + 1]
+            nxt = event[i + len(marker) : i + len(marker) + 1]
             if marker.endswith(b"{") or (nxt and nxt != b'"'):
                 return True
             i = event.find(marker, i + 1)
@@ -34,8 +34,16 @@ class StreamObserver:
     client's behalf, it relays whole events only and drops the usage-only event it added."""
 
     __slots__ = (
-        "_carry", "_strip_usage", "content_events", "done", "error", "events", "first_token_at",
-        "gaps", "last_token_at", "usage",
+        "_carry",
+        "_strip_usage",
+        "content_events",
+        "done",
+        "error",
+        "events",
+        "first_token_at",
+        "gaps",
+        "last_token_at",
+        "usage",
     )
 
     def __init__(self, strip_usage: bool) -> None:
@@ -58,7 +66,7 @@ class StreamObserver:
         if end < 0:
             self._carry = data
             return b"" if self._strip_usage else chunk
-        self._carry = data[end + 2:]
+        self._carry = data[end + 2 :]
         complete = data[: end + 2]
         dropped = False
         out: list[bytes] = []
@@ -113,7 +121,7 @@ class StreamObserver:
 
 def _decode(event: bytes) -> dict[str, Any] | None:
     start = event.find(_DATA)
-    payload = event[start + len(_DATA):].strip()
+    payload = event[start + len(_DATA) :].strip()
     try:
         value = json.loads(payload)
     except ValueError:

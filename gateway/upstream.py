@@ -41,13 +41,20 @@ def error_kind(exc: GatewayError) -> str:
 
 def translate(exc: BaseException, what: str) -> GatewayError:
     """aiohttp / OS errors -> GatewayError. Messages name the backend, never its URL."""
-    if isinstance(exc, aiohttp.ClientConnectorError | aiohttp.ClientSSLError | ConnectionRefusedError
-                  | socket.gaierror | aiohttp.ConnectionTimeoutError):
+    if isinstance(
+        exc,
+        aiohttp.ClientConnectorError
+        | aiohttp.ClientSSLError
+        | ConnectionRefusedError
+        | socket.gaierror
+        | aiohttp.ConnectionTimeoutError,
+    ):
         return UpstreamConnectError(f"Could not connect to backend {what}.")
     if isinstance(exc, TimeoutError | asyncio.TimeoutError | aiohttp.ServerTimeoutError):
         return UpstreamTimeout(f"Backend {what} did not respond in time.")
-    if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError
-                  | aiohttp.ClientOSError | ConnectionResetError):
+    if isinstance(
+        exc, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError | aiohttp.ClientOSError | ConnectionResetError
+    ):
         return UpstreamDisconnected(f"Backend {what} closed the connection.")
     return UpstreamError(f"Backend {what} failed: {type(exc).__name__}.")
 
@@ -71,12 +78,16 @@ class UpstreamClient:
         timeouts = self._timeouts
         pool_size = self._pool_size
         # No cookie jar: a shared client must not carry one client's cookies to another's request.
-        connector = aiohttp.TCPConnector(limit=pool_size, limit_per_host=0, ttl_dns_cache=10,
-                                         enable_cleanup_closed=False, force_close=False)
+        connector = aiohttp.TCPConnector(
+            limit=pool_size, limit_per_host=0, ttl_dns_cache=10, enable_cleanup_closed=False, force_close=False
+        )
         self._session = aiohttp.ClientSession(
-            connector=connector, cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=False,
-            timeout=aiohttp.ClientTimeout(total=None, connect=timeouts.connect_s,
-                                          sock_connect=timeouts.connect_s, sock_read=None),
+            connector=connector,
+            cookie_jar=aiohttp.DummyCookieJar(),
+            auto_decompress=False,
+            timeout=aiohttp.ClientTimeout(
+                total=None, connect=timeouts.connect_s, sock_connect=timeouts.connect_s, sock_read=None
+            ),
             skip_auto_headers=("User-Agent", "Accept-Encoding"),
         )
 
@@ -85,8 +96,9 @@ class UpstreamClient:
             await self._session.close()
             self._session = None
 
-    async def post(self, url: str, body: bytes, headers: Mapping[str, str], what: str,
-                   first_byte_s: float | None = None) -> aiohttp.ClientResponse:
+    async def post(
+        self, url: str, body: bytes, headers: Mapping[str, str], what: str, first_byte_s: float | None = None
+    ) -> aiohttp.ClientResponse:
         """Send and wait for the response headers, at most first_byte_s."""
         limit = self._timeouts.first_byte_s if first_byte_s is None else first_byte_s
         try:
@@ -95,31 +107,34 @@ class UpstreamClient:
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             raise translate(exc, what) from None
 
-    async def get_json(self, url: str, headers: Mapping[str, str], timeout_s: float,
-                       what: str) -> tuple[int, Any]:
+    async def get_json(self, url: str, headers: Mapping[str, str], timeout_s: float, what: str) -> tuple[int, Any]:
         status, raw = await self.get(url, headers, timeout_s, what)
         try:
             return status, json.loads(raw)
         except ValueError:
             return status, None
 
-    async def get(self, url: str, headers: Mapping[str, str], timeout_s: float,
-                  what: str, max_bytes: int = 4 << 20) -> tuple[int, bytes]:
+    async def get(
+        self, url: str, headers: Mapping[str, str], timeout_s: float, what: str, max_bytes: int = 4 << 20
+    ) -> tuple[int, bytes]:
         try:
-            async with asyncio.timeout(timeout_s), self.session.get(
-                url, headers=headers, allow_redirects=False
-            ) as resp:
+            async with (
+                asyncio.timeout(timeout_s),
+                self.session.get(url, headers=headers, allow_redirects=False) as resp,
+            ):
                 raw = await resp.content.read(max_bytes)
                 return resp.status, raw
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             raise translate(exc, what) from None
 
-    async def post_json(self, url: str, payload: Any, headers: Mapping[str, str], timeout_s: float,
-                        what: str) -> tuple[int, Any]:
+    async def post_json(
+        self, url: str, payload: Any, headers: Mapping[str, str], timeout_s: float, what: str
+    ) -> tuple[int, Any]:
         try:
-            async with asyncio.timeout(timeout_s), self.session.post(
-                url, json=payload, headers=headers, allow_redirects=False
-            ) as resp:
+            async with (
+                asyncio.timeout(timeout_s),
+                self.session.post(url, json=payload, headers=headers, allow_redirects=False) as resp,
+            ):
                 raw = await resp.content.read(4 << 20)
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             raise translate(exc, what) from None

@@ -29,6 +29,7 @@ bash tests/engines/setup.sh all
 
 say "lint"
 ruff check .
+ruff format --check .
 mypy
 
 say "tests"

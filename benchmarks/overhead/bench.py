@@ -42,6 +42,7 @@ from report import render  # noqa: E402
 
 def git_state() -> str:
     """The commit measured, and whether the gateway's code differed from it (others may be editing)."""
+
     def git(*args: str) -> str:
         out = subprocess.run(["git", *args], capture_output=True, text=True, cwd=HERE)
         return out.stdout.strip()
@@ -52,10 +53,23 @@ def git_state() -> str:
 
 
 def wrk(url: str, body: Path, seconds: float, connections: int, core: str, threads: int = 1) -> dict[str, Any]:
-    argv = ["taskset", "-c", core, "wrk", f"-t{threads}", f"-c{connections}", f"-d{max(1, round(seconds))}s",
-            "--timeout", "10s", "-s", str(HERE / "post.lua"), url]
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 30,
-                         env={**os.environ, "BENCH_BODY": str(body)})
+    argv = [
+        "taskset",
+        "-c",
+        core,
+        "wrk",
+        f"-t{threads}",
+        f"-c{connections}",
+        f"-d{max(1, round(seconds))}s",
+        "--timeout",
+        "10s",
+        "-s",
+        str(HERE / "post.lua"),
+        url,
+    ]
+    out = subprocess.run(
+        argv, capture_output=True, text=True, timeout=seconds + 30, env={**os.environ, "BENCH_BODY": str(body)}
+    )
     for line in out.stdout.splitlines():
         if line.startswith("WRKJSON "):
             result: dict[str, Any] = json.loads(line[8:])
@@ -90,9 +104,24 @@ class Profiler:
             yield
             return
         out = self.out_dir / f"{name}.txt"
-        argv = ["taskset", "-c", self.core, "py-spy", "record", *(["--native"] if self.native else []),
-                "--format", "raw", "-r", str(self.rate), "-d", str(max(1, int(seconds))), "-p", str(pid),
-                "-o", str(out)]
+        argv = [
+            "taskset",
+            "-c",
+            self.core,
+            "py-spy",
+            "record",
+            *(["--native"] if self.native else []),
+            "--format",
+            "raw",
+            "-r",
+            str(self.rate),
+            "-d",
+            str(max(1, int(seconds))),
+            "-p",
+            str(pid),
+            "-o",
+            str(out),
+        ]
         with (self.out_dir / f"{name}.log").open("wb") as log:
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         time.sleep(0.5)  # let py-spy attach before the load starts
@@ -122,21 +151,32 @@ def main() -> int:
     p.add_argument("--delay-ms", type=float, default=20, help="ms between tokens in the realistic test")
     p.add_argument("--rounds", type=int, default=5, help="streams per worker in the realistic test")
     p.add_argument("--no-info", action="store_true", help="skip the extra run at --log-level info")
-    p.add_argument("--variant", choices=["as-is", "uvloop", "uvloop-gc"], default="as-is",
-                   help="as-is: `gateway serve` exactly as shipped; uvloop: the same through gateway_uvloop.py, "
-                        "which makes uvloop the event loop first; uvloop-gc: also gc.freeze() after startup "
-                        "and a gen-0 GC threshold of 50,000")
-    p.add_argument("--gc-stats", action="store_true",
-                   help="count the gateway's garbage collections (a gc callback, added by starting the gateway "
-                        "through gateway_uvloop.py; on the same event loop as the chosen variant)")
+    p.add_argument(
+        "--variant",
+        choices=["as-is", "uvloop", "uvloop-gc"],
+        default="as-is",
+        help="as-is: `gateway serve` exactly as shipped; uvloop: the same through gateway_uvloop.py, "
+        "which makes uvloop the event loop first; uvloop-gc: also gc.freeze() after startup "
+        "and a gen-0 GC threshold of 50,000",
+    )
+    p.add_argument(
+        "--gc-stats",
+        action="store_true",
+        help="count the gateway's garbage collections (a gc callback, added by starting the gateway "
+        "through gateway_uvloop.py; on the same event loop as the chosen variant)",
+    )
     p.add_argument("--quick", action="store_true", help="short phases (a smoke test, not figures)")
     p.add_argument("--profile", type=Path, default=None, help="py-spy the gateway into this folder")
     p.add_argument("--profile-native", action="store_true", help="py-spy --native (C frames: uvloop, httptools)")
     p.add_argument("--out", type=Path, default=None, help="also write the Markdown table here")
     p.add_argument("--json", type=Path, default=None, help="also write every raw figure here")
-    p.add_argument("--nice", type=int, default=0,
-                   help="run the benchmark and everything it starts at this nice value; a negative one (root "
-                        "only) keeps other processes on a shared machine from skewing the figures")
+    p.add_argument(
+        "--nice",
+        type=int,
+        default=0,
+        help="run the benchmark and everything it starts at this nice value; a negative one (root "
+        "only) keeps other processes on a shared machine from skewing the figures",
+    )
     p.add_argument("--keep", action="store_true", help="keep the temporary folder (configs, logs)")
     a = p.parse_args()
     if a.quick:
@@ -171,8 +211,11 @@ def main() -> int:
         a.profile.mkdir(parents=True, exist_ok=True)
     prof = Profiler(a.profile, load_core, native=a.profile_native)
     env = Env(tmp, gw_core, load_core, a.nice)
-    results: dict[str, Any] = {"params": {k: str(v) for k, v in vars(a).items()},
-                               "cores": {"gateway": gw_core, "load": load_core}, "git": git_state()}
+    results: dict[str, Any] = {
+        "params": {k: str(v) for k, v in vars(a).items()},
+        "cores": {"gateway": gw_core, "load": load_core},
+        "git": git_state(),
+    }
     t_start = time.monotonic()
 
     def log(msg: str) -> None:
@@ -182,8 +225,20 @@ def main() -> int:
         nginx_port, paced_port, gw_port = free_port(), free_port(), free_port()
         (tmp / "nginx.conf").write_text(configs.NGINX_CONF.format(tmp=tmp, port=nginx_port))
         nginx = env.start("nginx", ["nginx", "-c", str(tmp / "nginx.conf"), "-g", "daemon off;"], load_core)
-        paced = env.start("paced", [sys.executable, str(HERE / "paced_upstream.py"), "--port", str(paced_port),
-                                    "--tokens", str(a.tokens), "--delay-ms", str(a.delay_ms)], load_core)
+        paced = env.start(
+            "paced",
+            [
+                sys.executable,
+                str(HERE / "paced_upstream.py"),
+                "--port",
+                str(paced_port),
+                "--tokens",
+                str(a.tokens),
+                "--delay-ms",
+                str(a.delay_ms),
+            ],
+            load_core,
+        )
         wait_http(f"http://127.0.0.1:{nginx_port}/health", nginx)
         wait_http(f"http://127.0.0.1:{paced_port}/health", paced)
         nginx_workers = children(nginx.pid) or [nginx.pid]
@@ -191,16 +246,28 @@ def main() -> int:
         routes = "".join(configs.ROUTE.format(model=f"bench-{pool}", pool=pool) for pool in ("json", "sse", "paced"))
         gateway_yaml = configs.GATEWAY_CONF.format(port=gw_port, nginx=nginx_port, paced=paced_port, routes=routes)
         (tmp / "gateway.yaml").write_text(gateway_yaml)
-        for name, model, stream in (("json", "bench-json", False), ("sse", "bench-sse", True),
-                                    ("paced", "bench-paced", True)):
+        for name, model, stream in (
+            ("json", "bench-json", False),
+            ("sse", "bench-sse", True),
+            ("paced", "bench-paced", True),
+        ):
             max_tokens = a.tokens if name == "paced" else 128
             (tmp / f"req-{name}.json").write_bytes(configs.request_body(model, stream, max_tokens))
 
         def start_gateway(level: str) -> Proc:
             shim = a.variant != "as-is" or a.gc_stats
             entry = [str(HERE / "gateway_uvloop.py")] if shim else ["-m", "gateway.cli"]
-            argv = [sys.executable, *entry, "serve", "--config", str(tmp / "gateway.yaml"),
-                    "--port", str(gw_port), "--log-level", level]
+            argv = [
+                sys.executable,
+                *entry,
+                "serve",
+                "--config",
+                str(tmp / "gateway.yaml"),
+                "--port",
+                str(gw_port),
+                "--log-level",
+                level,
+            ]
             extra = {"BENCH_GC_TUNE": "1"} if a.variant == "uvloop-gc" else {}
             if a.variant == "as-is":
                 extra["BENCH_LOOP"] = "asyncio"
@@ -218,10 +285,12 @@ def main() -> int:
         direct = f"http://127.0.0.1:{nginx_port}"
         via = f"http://127.0.0.1:{gw_port}"
         # Sanity: every path answers 200 with the bytes we expect, directly and through the gateway.
-        for label, url, req in (("direct json", f"{direct}/v1/chat/completions", "json"),
-                                ("gateway json", f"{via}/v1/chat/completions", "json"),
-                                ("direct sse", f"{direct}/sse/v1/chat/completions", "sse"),
-                                ("gateway sse", f"{via}/v1/chat/completions", "sse")):
+        for label, url, req in (
+            ("direct json", f"{direct}/v1/chat/completions", "json"),
+            ("gateway json", f"{via}/v1/chat/completions", "json"),
+            ("direct sse", f"{direct}/sse/v1/chat/completions", "sse"),
+            ("gateway sse", f"{via}/v1/chat/completions", "sse"),
+        ):
             c = loadgen(load_core, "check", "--url", url, "--body", str(tmp / f"req-{req}.json"))
             ok = c["status"] == 200 and (req == "json" or (c["done"] and c["events"] >= a.chunks + 1))
             if not ok:
@@ -230,8 +299,7 @@ def main() -> int:
 
         load_pids = [nginx.pid, *nginx_workers, paced.pid]
 
-        def measured(pids: list[int], gw_pid: int, profile: str | None, seconds: float,
-                     run: Any) -> dict[str, Any]:
+        def measured(pids: list[int], gw_pid: int, profile: str | None, seconds: float, run: Any) -> dict[str, Any]:
             """Run one load phase; add the CPU seconds of `pids` over it, and the other processes' load."""
             meter = CpuMeter(pids)
             noise: dict[str, Any] = {}
@@ -246,8 +314,13 @@ def main() -> int:
         # (1) max req/s, non-stream.
         def max_rps(url: str, pids: list[int], gw_pid: int, profile: str | None) -> dict[str, Any]:
             wrk(url, tmp / "req-json.json", a.warmup, a.connections, load_core)
-            r = measured(pids, gw_pid, profile, a.duration,
-                         lambda: wrk(url, tmp / "req-json.json", a.duration, a.connections, load_core))
+            r = measured(
+                pids,
+                gw_pid,
+                profile,
+                a.duration,
+                lambda: wrk(url, tmp / "req-json.json", a.duration, a.connections, load_core),
+            )
             r["cpu_us_per_req"] = r["cpu_s"] / r["requests"] * 1e6 if r["requests"] else None
             return r
 
@@ -258,9 +331,24 @@ def main() -> int:
 
         # (2) latency at a fixed rate.
         def fixed_rate(url: str, pids: list[int]) -> dict[str, Any]:
-            r = measured(pids, gw.pid, None, a.latency_duration,
-                         lambda: loadgen(load_core, "paced", "--url", url, "--body", str(tmp / "req-json.json"),
-                                         "--rate", str(a.rate), "--duration", str(a.latency_duration)))
+            r = measured(
+                pids,
+                gw.pid,
+                None,
+                a.latency_duration,
+                lambda: loadgen(
+                    load_core,
+                    "paced",
+                    "--url",
+                    url,
+                    "--body",
+                    str(tmp / "req-json.json"),
+                    "--rate",
+                    str(a.rate),
+                    "--duration",
+                    str(a.latency_duration),
+                ),
+            )
             r["cpu_us_per_req"] = r["cpu_s"] / max(1, r["ok"]) * 1e6
             return r
 
@@ -272,8 +360,13 @@ def main() -> int:
         # (3) fast stream: N-event responses, no delay.
         def fast_stream(url: str, pids: list[int], profile: str | None) -> dict[str, Any]:
             wrk(url, tmp / "req-sse.json", a.warmup, a.connections, load_core)
-            r = measured(pids, gw.pid, profile, a.duration,
-                         lambda: wrk(url, tmp / "req-sse.json", a.duration, a.connections, load_core))
+            r = measured(
+                pids,
+                gw.pid,
+                profile,
+                a.duration,
+                lambda: wrk(url, tmp / "req-sse.json", a.duration, a.connections, load_core),
+            )
             events = r["requests"] * a.chunks
             r["events_per_s"] = events / (r["duration_us"] / 1e6)
             r["cpu_us_per_event"] = r["cpu_s"] / events * 1e6 if events else None
@@ -287,10 +380,28 @@ def main() -> int:
         # (4) realistic stream: N concurrent streams, a token every delay_ms.
         def realistic(url: str, pids: list[int], profile: str | None) -> dict[str, Any]:
             expected = a.rounds * (a.tokens * a.delay_ms / 1e3) * 1.5 + 2
-            r = measured(pids, gw.pid, profile, expected,
-                         lambda: loadgen(load_core, "streams", "--url", url, "--body", str(tmp / "req-paced.json"),
-                                         "--concurrency", str(a.streams), "--rounds", str(a.rounds),
-                                         "--stagger-ms", str(a.delay_ms), "--deadline", str(expected * 3 + 30)))
+            r = measured(
+                pids,
+                gw.pid,
+                profile,
+                expected,
+                lambda: loadgen(
+                    load_core,
+                    "streams",
+                    "--url",
+                    url,
+                    "--body",
+                    str(tmp / "req-paced.json"),
+                    "--concurrency",
+                    str(a.streams),
+                    "--rounds",
+                    str(a.rounds),
+                    "--stagger-ms",
+                    str(a.delay_ms),
+                    "--deadline",
+                    str(expected * 3 + 30),
+                ),
+            )
             r["tokens"] = r["streams"] * a.tokens
             r["cpu_us_per_token"] = r["cpu_s"] / r["tokens"] * 1e6 if r["tokens"] else None
             return r
@@ -315,8 +426,7 @@ def main() -> int:
             log("(6) max req/s, non-stream, gateway at --log-level info (access log on)")
             gwi = start_gateway("info")
             before = sum(1 for _ in gwi.log.open("rb"))
-            results["max_gateway_info"] = max_rps(f"{via}/v1/chat/completions", [gwi.pid], gwi.pid,
-                                                  "nonstream-info")
+            results["max_gateway_info"] = max_rps(f"{via}/v1/chat/completions", [gwi.pid], gwi.pid, "nonstream-info")
             results["max_gateway_info"]["log_lines"] = sum(1 for _ in gwi.log.open("rb")) - before
             env.stop(gwi)
         results["elapsed_s"] = time.monotonic() - t_start
@@ -337,9 +447,11 @@ def main() -> int:
     if a.json is not None:
         a.json.write_text(json.dumps(results, indent=2, default=str) + "\n")
     if a.profile is not None:
-        summary = subprocess.run([sys.executable, str(HERE / "profile_summary.py"),
-                                  *sorted(str(x) for x in a.profile.glob("*.txt"))],
-                                 capture_output=True, text=True)
+        summary = subprocess.run(
+            [sys.executable, str(HERE / "profile_summary.py"), *sorted(str(x) for x in a.profile.glob("*.txt"))],
+            capture_output=True,
+            text=True,
+        )
         print(summary.stdout or summary.stderr)
     return 0
 

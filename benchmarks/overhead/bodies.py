@@ -17,15 +17,20 @@ def completion() -> bytes:
         "object": "chat.completion",
         "created": CREATED,
         "model": MODEL,
-        "choices": [{
-            "index": 0,
-            "message": {"role": "assistant", "content": "Hello! This is a static benchmark answer of a few "
-                        "dozen tokens, roughly the size of a short real reply from an engine.",
-                        "tool_calls": []},
-            "logprobs": None,
-            "finish_reason": "stop",
-            "stop_reason": None,
-        }],
+        "choices": [
+            {
+                "index": 0,
+                "message": {
+                    "role": "assistant",
+                    "content": "Hello! This is a static benchmark answer of a few "
+                    "dozen tokens, roughly the size of a short real reply from an engine.",
+                    "tool_calls": [],
+                },
+                "logprobs": None,
+                "finish_reason": "stop",
+                "stop_reason": None,
+            }
+        ],
         "usage": {"prompt_tokens": 12, "total_tokens": 40, "completion_tokens": 28},
         "prompt_logprobs": None,
     }
@@ -54,8 +59,7 @@ def usage_event(completion_tokens: int) -> bytes:
         "created": CREATED,
         "model": MODEL,
         "choices": [],
-        "usage": {"prompt_tokens": 12, "total_tokens": 12 + completion_tokens,
-                  "completion_tokens": completion_tokens},
+        "usage": {"prompt_tokens": 12, "total_tokens": 12 + completion_tokens, "completion_tokens": completion_tokens},
     }
     return b"data: " + json.dumps(event, separators=_SEP).encode() + b"\n\n"
 

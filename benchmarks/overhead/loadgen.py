@@ -35,7 +35,8 @@ def _session(limit: int) -> aiohttp.ClientSession:
     return aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=limit, force_close=False, enable_cleanup_closed=False),
         timeout=aiohttp.ClientTimeout(total=60),
-        skip_auto_headers=("User-Agent",), auto_decompress=False,
+        skip_auto_headers=("User-Agent",),
+        auto_decompress=False,
     )
 
 
@@ -76,10 +77,15 @@ async def paced(url: str, body: bytes, rate: float, duration: float, connections
         wall = loop.time() - t0
         await asyncio.wait_for(asyncio.gather(*tasks), timeout=30)
     return {
-        "sent": total, "ok": len(latencies), "errors": errors, "statuses": statuses,
+        "sent": total,
+        "ok": len(latencies),
+        "errors": errors,
+        "statuses": statuses,
         "rate": round(total / wall, 1) if wall > 0 else None,
-        "p50_ms": pct(latencies, 50) * 1e3, "p90_ms": pct(latencies, 90) * 1e3,
-        "p99_ms": pct(latencies, 99) * 1e3, "max_ms": max(latencies) * 1e3 if latencies else None,
+        "p50_ms": pct(latencies, 50) * 1e3,
+        "p90_ms": pct(latencies, 90) * 1e3,
+        "p99_ms": pct(latencies, 99) * 1e3,
+        "max_ms": max(latencies) * 1e3 if latencies else None,
         "mean_ms": sum(latencies) / len(latencies) * 1e3 if latencies else None,
         "late_p99_ms": pct(late, 99) * 1e3,
     }
@@ -117,13 +123,15 @@ async def one_stream(session: aiohttp.ClientSession, url: str, body: bytes) -> t
     return first, time.perf_counter() - start, events, done
 
 
-async def streams(url: str, body: bytes, concurrency: int, rounds: int, stagger_s: float,
-                  deadline_s: float) -> dict[str, Any]:
+async def streams(
+    url: str, body: bytes, concurrency: int, rounds: int, stagger_s: float, deadline_s: float
+) -> dict[str, Any]:
     times: list[float] = []
     firsts: list[float] = []
     event_counts: list[int] = []
     failures: list[str] = []
     async with _session(concurrency + 8) as session:
+
         async def worker(k: int) -> None:
             await asyncio.sleep(stagger_s * k / concurrency)
             for _ in range(rounds):
@@ -143,11 +151,17 @@ async def streams(url: str, body: bytes, concurrency: int, rounds: int, stagger_
         await asyncio.wait_for(asyncio.gather(*(worker(k) for k in range(concurrency))), timeout=deadline_s)
         wall = time.perf_counter() - t0
     return {
-        "streams": len(times), "failures": len(failures), "failure_examples": failures[:3],
-        "events": sum(event_counts), "events_per_stream_min": min(event_counts) if event_counts else 0,
+        "streams": len(times),
+        "failures": len(failures),
+        "failure_examples": failures[:3],
+        "events": sum(event_counts),
+        "events_per_stream_min": min(event_counts) if event_counts else 0,
         "wall_s": wall,
-        "p50_s": pct(times, 50), "p99_s": pct(times, 99), "max_s": max(times) if times else None,
-        "ttft_p50_ms": pct(firsts, 50) * 1e3, "ttft_p99_ms": pct(firsts, 99) * 1e3,
+        "p50_s": pct(times, 50),
+        "p99_s": pct(times, 99),
+        "max_s": max(times) if times else None,
+        "ttft_p50_ms": pct(firsts, 50) * 1e3,
+        "ttft_p99_ms": pct(firsts, 99) * 1e3,
     }
 
 
@@ -180,6 +194,7 @@ def main() -> None:
     a = p.parse_args()
     try:
         import uvloop
+
         uvloop.install()
     except ImportError:
         pass

@@ -109,9 +109,15 @@ class Noise:
     def _sample(self) -> tuple[float, ...]:
         kids = resource.getrusage(resource.RUSAGE_CHILDREN)
         me = resource.getrusage(resource.RUSAGE_SELF)
-        return (time.monotonic(), core_busy(self.gw_core), core_busy(self.load_core), self._ours(self.gw_pids),
-                self._ours(self.load_pids) + kids.ru_utime + kids.ru_stime + me.ru_utime + me.ru_stime,
-                sum(wait_seconds(p) for p in self.gw_pids), sum(wait_seconds(p) for p in self.load_pids))
+        return (
+            time.monotonic(),
+            core_busy(self.gw_core),
+            core_busy(self.load_core),
+            self._ours(self.gw_pids),
+            self._ours(self.load_pids) + kids.ru_utime + kids.ru_stime + me.ru_utime + me.ru_stime,
+            sum(wait_seconds(p) for p in self.gw_pids),
+            sum(wait_seconds(p) for p in self.load_pids),
+        )
 
     @contextlib.contextmanager
     def measure(self, into: dict[str, Any]) -> Iterator[None]:

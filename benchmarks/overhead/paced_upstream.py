@@ -21,14 +21,24 @@ import contextlib
 
 import bodies
 
-_OK_HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
-            b"transfer-encoding: chunked\r\n\r\n")
+_OK_HEAD = (
+    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
+    b"transfer-encoding: chunked\r\n\r\n"
+)
 _MAX_HEAD = 64 * 1024
 
 
 def _simple(status: bytes, ctype: bytes, body: bytes) -> bytes:
-    return (b"HTTP/1.1 " + status + b"\r\ncontent-type: " + ctype + b"\r\ncontent-length: "
-            + str(len(body)).encode() + b"\r\n\r\n" + body)
+    return (
+        b"HTTP/1.1 "
+        + status
+        + b"\r\ncontent-type: "
+        + ctype
+        + b"\r\ncontent-length: "
+        + str(len(body)).encode()
+        + b"\r\n\r\n"
+        + body
+    )
 
 
 def _chunk(data: bytes) -> bytes:
@@ -69,8 +79,8 @@ class Upstream(asyncio.Protocol):
                     length = int(value.strip())
             if len(self._buf) < end + 4 + length:
                 return
-            body = self._buf[end + 4: end + 4 + length]
-            self._buf = self._buf[end + 4 + length:]
+            body = self._buf[end + 4 : end + 4 + length]
+            self._buf = self._buf[end + 4 + length :]
             method, path = head.split(b" ", 2)[:2]
             self._pending.append((method, path, body))
             self._next()
@@ -132,6 +142,7 @@ if __name__ == "__main__":
     a = p.parse_args()
     try:
         import uvloop
+
         uvloop.install()
     except ImportError:
         pass

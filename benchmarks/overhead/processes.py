@@ -47,8 +47,15 @@ class Env:
     def start(self, name: str, argv: list[str], core: str, env: dict[str, str] | None = None) -> Proc:
         log = self.tmp / f"{name}.log"
         # taskset execs the command, so the Popen pid is the pinned process itself.
-        popen = subprocess.Popen(["taskset", "-c", core, *argv], stdout=log.open("wb"), stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL, cwd=REPO, env=env, start_new_session=True)
+        popen = subprocess.Popen(
+            ["taskset", "-c", core, *argv],
+            stdout=log.open("wb"),
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=REPO,
+            env=env,
+            start_new_session=True,
+        )
         if self.nice:
             set_nice(popen.pid, self.nice)
         proc = Proc(name, popen, log)

@@ -107,13 +107,18 @@ def summarise(path: Path, top: int) -> str:
                 incl_gateway[key] += n
     if total == 0:
         return f"## {path.stem}\n\n(no samples)\n"
-    note = (f" (and {idle:,} more in epoll_wait, {idle / (idle + total):.0%}, left out: waiting, not work)"
-            if idle else "")
-    out = [f"## {path.stem}: {total:,} samples{note}", "", "Self time by layer:", "",
-           "| layer | share |", "|---|---:|"]
+    note = (
+        f" (and {idle:,} more in epoll_wait, {idle / (idle + total):.0%}, left out: waiting, not work)" if idle else ""
+    )
+    out = [f"## {path.stem}: {total:,} samples{note}", "", "Self time by layer:", "", "| layer | share |", "|---|---:|"]
     out += [f"| {k} | {v / total:.1%} |" for k, v in self_layer.most_common()]
-    out += ["", "Inclusive time by library (samples with any frame in it; callees included, so these overlap):",
-            "", "| library | share |", "|---|---:|"]
+    out += [
+        "",
+        "Inclusive time by library (samples with any frame in it; callees included, so these overlap):",
+        "",
+        "| library | share |",
+        "|---|---:|",
+    ]
     out += [f"| {k} | {v / total:.1%} |" for k, v in incl_layer.most_common()]
     out += ["", "Inclusive time of gateway functions (callees included):", "", "| function | share |", "|---|---:|"]
     out += [f"| {k} | {v / total:.1%} |" for k, v in incl_gateway.most_common(top)]

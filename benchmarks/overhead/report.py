@@ -75,27 +75,49 @@ def render(r: dict[str, Any], a: argparse.Namespace) -> str:
         mi = r["max_gateway_info"]
         rows.append(
             f"| (6) as (1), --log-level info (access log on) | req/s; CPU µs per request | | "
-            f"{fmt(mi['rps'])}; {fmt(mi['cpu_us_per_req'], 1)} | | {mi['log_lines']:,} log lines |")
-    loop = {"as-is": "as shipped (`gateway serve`)", "uvloop": "with uvloop forced (gateway_uvloop.py)",
-            "uvloop-gc": "with uvloop forced and GC tuned (gateway_uvloop.py, BENCH_GC_TUNE=1)"}[a.variant]
+            f"{fmt(mi['rps'])}; {fmt(mi['cpu_us_per_req'], 1)} | | {mi['log_lines']:,} log lines |"
+        )
+    loop = {
+        "as-is": "as shipped (`gateway serve`)",
+        "uvloop": "with uvloop forced (gateway_uvloop.py)",
+        "uvloop-gc": "with uvloop forced and GC tuned (gateway_uvloop.py, BENCH_GC_TUNE=1)",
+    }[a.variant]
     nice = f", nice {a.nice}" if a.nice else ""
-    head = (f"Gateway {loop}{nice} on core {r['cores']['gateway']} (taskset), upstreams and load on core "
-            f"{r['cores']['load']}; --log-level warning unless noted; {r['elapsed_s']:.0f} s run{note}; "
-            f"code at {r['git']}.\n")
-    phases = (("(1)", "max_gateway"), ("(2)", "lat_gateway"), ("(3)", "fast_gateway"), ("(4)", "real_gateway"),
-              ("(6)", "max_gateway_info"))
+    head = (
+        f"Gateway {loop}{nice} on core {r['cores']['gateway']} (taskset), upstreams and load on core "
+        f"{r['cores']['load']}; --log-level warning unless noted; {r['elapsed_s']:.0f} s run{note}; "
+        f"code at {r['git']}.\n"
+    )
+    phases = (
+        ("(1)", "max_gateway"),
+        ("(2)", "lat_gateway"),
+        ("(3)", "fast_gateway"),
+        ("(4)", "real_gateway"),
+        ("(6)", "max_gateway_info"),
+    )
     noise = [(label, r[key]) for label, key in phases if key in r]
-    foot = ("\nMachine noise in each gateway phase: run-queue wait of the gateway / of the upstreams (share of "
-            "wall time spent ready but waiting for the core), and other processes' CPU on the gateway core / "
-            "on the load core: " + "; ".join(
-                f"{label} {n['runq_wait_gw']:.1%} / {n['runq_wait_load']:.1%}, {n['foreign_gw_core']:.0%} / "
-                f"{n['foreign_load_core']:.0%}" for label, n in noise) + ".")
+    foot = (
+        "\nMachine noise in each gateway phase: run-queue wait of the gateway / of the upstreams (share of "
+        "wall time spent ready but waiting for the core), and other processes' CPU on the gateway core / "
+        "on the load core: "
+        + "; ".join(
+            f"{label} {n['runq_wait_gw']:.1%} / {n['runq_wait_load']:.1%}, {n['foreign_gw_core']:.0%} / "
+            f"{n['foreign_load_core']:.0%}"
+            for label, n in noise
+        )
+        + "."
+    )
     worst = max(max(n["runq_wait_gw"] * 10, n["runq_wait_load"] * 10, n["foreign_gw_core"]) for _, n in noise)
     if "gc" in r:
-        foot += ("\nGarbage collections in the gateway over (1)-(5): " + ", ".join(
-            f"gen {g}: {s['collections']:,} ({s['seconds']:.2f} s)" for g, s in r["gc"].items()) + ".")
+        foot += (
+            "\nGarbage collections in the gateway over (1)-(5): "
+            + ", ".join(f"gen {g}: {s['collections']:,} ({s['seconds']:.2f} s)" for g, s in r["gc"].items())
+            + "."
+        )
     if worst > 0.05:
-        foot += (" **The machine was not quiet: other processes took the cores and their caches, so req/s and "
-                 "latency are pessimistic and CPU µs inflated, most at low load. Rerun when it is idle, or with "
-                 "--nice -19.**")
+        foot += (
+            " **The machine was not quiet: other processes took the cores and their caches, so req/s and "
+            "latency are pessimistic and CPU µs inflated, most at low load. Rerun when it is idle, or with "
+            "--nice -19.**"
+        )
     return head + "\n" + "\n".join(rows) + "\n" + foot

@@ -203,10 +203,25 @@ _RANGE = re.compile(r"\[[^\]]*\]")
 _GROUPING = re.compile(r"\b(by|without|on|ignoring|group_left|group_right)\s*\(([^()]*)\)")
 _OFFSET = re.compile(r"\boffset\s+-?\w+")
 _IDENT = re.compile(r"(?<![\w:.])([A-Za-z_:][\w:]*)(?![\w:])(?!\s*\()")
-_KEYWORDS = frozenset({
-    "and", "or", "unless", "bool", "by", "without", "on", "ignoring", "group_left", "group_right",
-    "offset", "inf", "nan", "Inf", "NaN",
-})
+_KEYWORDS = frozenset(
+    {
+        "and",
+        "or",
+        "unless",
+        "bool",
+        "by",
+        "without",
+        "on",
+        "ignoring",
+        "group_left",
+        "group_right",
+        "offset",
+        "inf",
+        "nan",
+        "Inf",
+        "NaN",
+    }
+)
 
 
 def _blank_strings(expr: str) -> str:
@@ -238,12 +253,7 @@ def selector_labels(expr: str) -> list[tuple[str, set[str]]]:
 def grouping_labels(expr: str) -> set[str]:
     """Label names in by(...), without(...), on(...), ignoring(...), group_left/right(...)."""
     text = _blank_strings(expr)
-    return {
-        label.strip()
-        for m in _GROUPING.finditer(text)
-        for label in m.group(2).split(",")
-        if label.strip()
-    }
+    return {label.strip() for m in _GROUPING.finditer(text) for label in m.group(2).split(",") if label.strip()}
 
 
 def label_values_metric(query: str) -> str | None:

@@ -105,12 +105,22 @@ def test_first_row_puts_the_two_lenses_side_by_side() -> None:
     assert left and all(t.startswith("Your answer") for t in left)
     assert right and all(t.startswith("The machine") for t in right)
     exprs = " ".join(t["expr"] for p in top for t in p["targets"])
-    for metric in ("gateway_time_to_first_token_seconds_bucket", "gateway_inter_token_latency_seconds_bucket",
-                   "gateway_request_output_tokens_per_second_bucket", "gateway_output_tokens_total",
-                   "gateway_requests_in_flight", "gateway_requests_total"):
+    for metric in (
+        "gateway_time_to_first_token_seconds_bucket",
+        "gateway_inter_token_latency_seconds_bucket",
+        "gateway_request_output_tokens_per_second_bucket",
+        "gateway_output_tokens_total",
+        "gateway_requests_in_flight",
+        "gateway_requests_total",
+    ):
         assert metric in exprs
     assert [r["title"] for r in rows[1:]] == [
-        "Routing", "Context caps", "Backends", "Gateway overhead", "Errors & disconnects"]
+        "Routing",
+        "Context caps",
+        "Backends",
+        "Gateway overhead",
+        "Errors & disconnects",
+    ]
 
 
 def test_grafana_provisioning_points_at_the_dashboards() -> None:
@@ -199,8 +209,9 @@ def test_cli_accepts_the_arguments_deploy_uses() -> None:
     cases = ((["serve", "--help"], ["--config"]), (["sim", "--help"], ["--flavour", "--port", "--host"]))
     for argv, flags in cases:
         code = f"import sys; from gateway.cli import main; sys.argv = ['gateway', *{argv!r}]; main()"
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                             cwd=REPO, check=False)
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO, check=False
+        )
         for flag in flags:
             assert flag in out.stdout + out.stderr, f"gateway {' '.join(argv)}: no {flag}"
 
@@ -258,8 +269,11 @@ def test_kubernetes_deployment() -> None:
 
 def test_kubernetes_backends_resolve_through_headless_services() -> None:
     manifests = _manifests()
-    headless = {name: doc for (kind, name), doc in manifests.items()
-                if kind == "Service" and doc["spec"].get("clusterIP") == "None"}
+    headless = {
+        name: doc
+        for (kind, name), doc in manifests.items()
+        if kind == "Service" and doc["spec"].get("clusterIP") == "None"
+    }
     assert set(headless) == {"vllm", "sglang", "llamacpp"}
     config = _yaml(K8S_DIR / "gateway.yaml")
     for pool in config["pools"].values():
@@ -278,12 +292,12 @@ def test_kustomize_build() -> None:
     kubectl = shutil.which("kubectl")
     if kubectl is None:
         pytest.skip("kubectl not installed")
-    out = subprocess.run([kubectl, "kustomize", str(K8S_DIR)], capture_output=True, text=True, timeout=60,
-                         check=True).stdout
+    out = subprocess.run(
+        [kubectl, "kustomize", str(K8S_DIR)], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
     docs = list(yaml.safe_load_all(out))
     kinds = sorted(d["kind"] for d in docs)
-    assert kinds == ["ConfigMap", "Deployment", "PodDisruptionBudget", "Service", "Service", "Service",
-                     "Service"]
+    assert kinds == ["ConfigMap", "Deployment", "PodDisruptionBudget", "Service", "Service", "Service", "Service"]
     (configmap,) = (d for d in docs if d["kind"] == "ConfigMap")
     assert configmap["data"]["gateway.yaml"] == (K8S_DIR / "gateway.yaml").read_text(encoding="utf-8")
     (deployment,) = (d for d in docs if d["kind"] == "Deployment")

@@ -92,10 +92,17 @@ def _record_names(text: str) -> list[str]:
 
 
 def test_both_lenses_are_recorded() -> None:
-    assert {"gateway:ttft_seconds:p95", "gateway:itl_seconds:p95", "gateway:request_tokens_per_second:p50",
-            "gateway:request_tokens_per_second:p10"} <= RECORDED
-    assert {"gateway:output_tokens_per_second:rate1m", "gateway:concurrency",
-            "gateway:requests_per_second:rate1m"} <= RECORDED
+    assert {
+        "gateway:ttft_seconds:p95",
+        "gateway:itl_seconds:p95",
+        "gateway:request_tokens_per_second:p50",
+        "gateway:request_tokens_per_second:p10",
+    } <= RECORDED
+    assert {
+        "gateway:output_tokens_per_second:rate1m",
+        "gateway:concurrency",
+        "gateway:requests_per_second:rate1m",
+    } <= RECORDED
 
 
 def test_rules_use_windows_that_hold_samples_at_short_scrape_intervals() -> None:

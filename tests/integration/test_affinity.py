@@ -35,9 +35,17 @@ FLOOR = 0.3
 def replica_pair(engine_launcher: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     monkeypatch.setenv("VLLM_SERVER_DEV_MODE", "1")  # POST /reset_prefix_cache between the policies
     with ThreadPoolExecutor(2) as pool:  # ~35 s each; one core each, so they start side by side
-        futures = [pool.submit(engine_launcher, "vllm", max_model_len=2048, max_num_seqs=4,
-                               kv_cache_memory_bytes=KV_TOKENS * 512, cpu_omp_threads_bind=str(i))
-                   for i in range(2)]
+        futures = [
+            pool.submit(
+                engine_launcher,
+                "vllm",
+                max_model_len=2048,
+                max_num_seqs=4,
+                kv_cache_memory_bytes=KV_TOKENS * 512,
+                cpu_omp_threads_bind=str(i),
+            )
+            for i in range(2)
+        ]
         return [f.result() for f in futures]
 
 
@@ -52,9 +60,11 @@ def test_prefix_affinity_beats_round_robin_on_real_vllm(replica_pair: list[Any])
     pa = run_gateway_policy("prefix_affinity", replica_pair, WORKLOAD, concurrency=1)
     rr = run_gateway_policy("round_robin", replica_pair, WORKLOAD, concurrency=1)
     elapsed = time.monotonic() - start
-    summary = (f"prefix_affinity {pa.hit_rate:.3f} (per replica {pa.per_backend}, conversations "
-               f"{pa.conversations_per_backend}, switches {pa.switches}); round_robin {rr.hit_rate:.3f} "
-               f"(switches {rr.switches}); {elapsed:.0f} s")
+    summary = (
+        f"prefix_affinity {pa.hit_rate:.3f} (per replica {pa.per_backend}, conversations "
+        f"{pa.conversations_per_backend}, switches {pa.switches}); round_robin {rr.hit_rate:.3f} "
+        f"(switches {rr.switches}); {elapsed:.0f} s"
+    )
     print(summary)
 
     for r in (pa, rr):

@@ -36,8 +36,10 @@ def prompt(rng: random.Random) -> list[dict[str, str]]:
 def gateway(vllm_server: Any) -> Iterator[GatewayThread]:
     # The cap is far above these prompts, so every request is estimated, never counted exactly:
     # the estimator learns only from the usage that responses report.
-    data = {"pools": {"vllm": {"engine": "vllm", "backends": [{"url": vllm_server.base_url, "model": "tiny"}]}},
-            "routes": [{"model": "tiny", "pools": ["vllm"], "caps": {"max_context_tokens": 4096}}]}
+    data = {
+        "pools": {"vllm": {"engine": "vllm", "backends": [{"url": vllm_server.base_url, "model": "tiny"}]}},
+        "routes": [{"model": "tiny", "pools": ["vllm"], "caps": {"max_context_tokens": 4096}}],
+    }
     with running_gateway(data) as gw:
         yield gw
 
@@ -54,8 +56,11 @@ def test_estimate_within_five_percent_after_twenty_requests(gateway: GatewayThre
         messages = prompt(rng)
         chars, count, known = prompt_size({"messages": messages})
         estimate = estimator.estimate(("tiny", "tiny"), chars, count, known)
-        exact = httpx.post(vllm_server.base_url + "/tokenize", timeout=10,
-                           json={"model": "tiny", "messages": messages, "add_generation_prompt": True}).json()["count"]
+        exact = httpx.post(
+            vllm_server.base_url + "/tokenize",
+            timeout=10,
+            json={"model": "tiny", "messages": messages, "add_generation_prompt": True},
+        ).json()["count"]
         errors.append(abs(estimate - exact) / exact)
     mean = sum(errors) / len(errors)
     print(f"estimator mean abs error after 20 requests: {mean:.2%} (max {max(errors):.2%})")

@@ -53,24 +53,29 @@ def test_gateway_metrics_match_client_and_vllm(engine_launcher: Callable[..., An
     with_prometheus = shutil.which("prometheus") is not None
     failures: list[str] = []
     tables: list[str] = []
-    with mt.stack(tmp_path, max_num_seqs=4, max_model_len=4096, with_prometheus=with_prometheus,
-                  launch=launch) as (vllm, gw, prom):
+    with mt.stack(tmp_path, max_num_seqs=4, max_model_len=4096, with_prometheus=with_prometheus, launch=launch) as (
+        vllm,
+        gw,
+        prom,
+    ):
         mt.warm_up(gw, 32)
         for concurrency in (1, 4):
-            level = mt.run_level(gw, vllm, prom, concurrency, duration=10.0, max_requests=200, max_tokens=32,
-                                 prompt_words=700)
+            level = mt.run_level(
+                gw, vllm, prom, concurrency, duration=10.0, max_requests=200, max_tokens=32, prompt_words=700
+            )
             tables.append(mt.markdown(level))
             failures += [f"c={concurrency}: {name}" for name, ok in level.checks.items() if not ok]
             for prefix in ("output tokens", "prompt tokens"):
                 r = _row(level, prefix)
                 if not (r.client == r.gateway == r.vllm > 0):
-                    failures.append(f"c={concurrency}: {prefix}: client {r.client}, gateway {r.gateway}, "
-                                    f"vLLM {r.vllm}")
+                    failures.append(f"c={concurrency}: {prefix}: client {r.client}, gateway {r.gateway}, vLLM {r.vllm}")
             for prefix, tolerance in (("TTFT mean", 0.05), ("e2e mean", 0.05), ("aggregate output tok/s", 0.10)):
                 r = _row(level, prefix)
                 if not abs(r.diff) <= tolerance:
-                    failures.append(f"c={concurrency}: {prefix}: client {r.client:.4f}, gateway {r.gateway:.4f} "
-                                    f"({r.diff:+.2%}, allowed ±{tolerance:.0%})")
+                    failures.append(
+                        f"c={concurrency}: {prefix}: client {r.client:.4f}, gateway {r.gateway:.4f} "
+                        f"({r.diff:+.2%}, allowed ±{tolerance:.0%})"
+                    )
     report = "\n\n".join(tables)
     print(report)
     assert not failures, "\n".join(failures) + "\n\n" + report

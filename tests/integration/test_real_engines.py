@@ -27,14 +27,26 @@ def gateway(llamacpp_server: Any, vllm_server: Any) -> Iterator[GatewayThread]:
             "vllm": {"engine": "vllm", "backends": [{"url": vllm_server.base_url, "model": "tiny"}]},
         },
         "routes": [
-            {"model": "llama", "pools": ["llamacpp"],
-             "caps": {"max_context_tokens": llamacpp_server.max_context, "default_max_tokens": 16}},
-            {"model": "vllm", "pools": ["vllm"],
-             "caps": {"max_context_tokens": vllm_server.max_context, "default_max_tokens": 16}},
-            {"model": "llama-trunc", "pools": ["llamacpp"],
-             "caps": {"max_context_tokens": 256, "on_exceed": "truncate_oldest", "default_max_tokens": 8}},
-            {"model": "vllm-trunc", "pools": ["vllm"],
-             "caps": {"max_context_tokens": 256, "on_exceed": "truncate_oldest", "default_max_tokens": 8}},
+            {
+                "model": "llama",
+                "pools": ["llamacpp"],
+                "caps": {"max_context_tokens": llamacpp_server.max_context, "default_max_tokens": 16},
+            },
+            {
+                "model": "vllm",
+                "pools": ["vllm"],
+                "caps": {"max_context_tokens": vllm_server.max_context, "default_max_tokens": 16},
+            },
+            {
+                "model": "llama-trunc",
+                "pools": ["llamacpp"],
+                "caps": {"max_context_tokens": 256, "on_exceed": "truncate_oldest", "default_max_tokens": 8},
+            },
+            {
+                "model": "vllm-trunc",
+                "pools": ["vllm"],
+                "caps": {"max_context_tokens": 256, "on_exceed": "truncate_oldest", "default_max_tokens": 8},
+            },
             {"model": "llama-raw", "pools": ["llamacpp"]},
             {"model": "vllm-raw", "pools": ["vllm"]},
         ],
@@ -55,8 +67,9 @@ ENGINES = ["llama", "vllm"]
 
 @pytest.mark.parametrize("model", ENGINES)
 def test_chat_non_stream(client: openai.OpenAI, model: str) -> None:
-    r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hello there"}],
-                                       max_tokens=6, extra_body=IGNORE_EOS)
+    r = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "hello there"}], max_tokens=6, extra_body=IGNORE_EOS
+    )
     assert r.choices[0].finish_reason == "length"
     assert r.usage is not None and r.usage.completion_tokens == 6 and r.usage.prompt_tokens > 0
 
@@ -64,9 +77,16 @@ def test_chat_non_stream(client: openai.OpenAI, model: str) -> None:
 @pytest.mark.parametrize("model", ENGINES)
 def test_chat_stream_with_usage(client: openai.OpenAI, gateway: GatewayThread, model: str) -> None:
     before = gateway.metric("gateway_output_tokens_total", route=model, source="usage")
-    chunks = list(client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": "tell me"}], max_tokens=8, stream=True,
-        stream_options={"include_usage": True}, extra_body=IGNORE_EOS))
+    chunks = list(
+        client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": "tell me"}],
+            max_tokens=8,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body=IGNORE_EOS,
+        )
+    )
     usage = chunks[-1].usage
     assert usage is not None and usage.completion_tokens == 8
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -76,12 +96,13 @@ def test_chat_stream_with_usage(client: openai.OpenAI, gateway: GatewayThread, m
 
 
 @pytest.mark.parametrize("model", ENGINES)
-def test_chat_stream_without_usage_is_still_counted(client: openai.OpenAI, gateway: GatewayThread,
-                                                     model: str) -> None:
+def test_chat_stream_without_usage_is_still_counted(client: openai.OpenAI, gateway: GatewayThread, model: str) -> None:
     before = gateway.metric("gateway_output_tokens_total", route=model, source="usage")
-    chunks = list(client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": "go"}], max_tokens=5, stream=True,
-        extra_body=IGNORE_EOS))
+    chunks = list(
+        client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "go"}], max_tokens=5, stream=True, extra_body=IGNORE_EOS
+        )
+    )
     assert all(c.usage is None for c in chunks)  # the usage chunk the gateway asked for is stripped
     wait_for(lambda: gateway.metric("gateway_output_tokens_total", route=model, source="usage") == before + 5, 5)
 
@@ -90,8 +111,11 @@ def test_chat_stream_without_usage_is_still_counted(client: openai.OpenAI, gatew
 @pytest.mark.parametrize("stream", [False, True])
 def test_completions(client: openai.OpenAI, model: str, stream: bool) -> None:
     if stream:
-        chunks = list(client.completions.create(model=model, prompt="once upon a time", max_tokens=4,
-                                                stream=True, extra_body=IGNORE_EOS))
+        chunks = list(
+            client.completions.create(
+                model=model, prompt="once upon a time", max_tokens=4, stream=True, extra_body=IGNORE_EOS
+            )
+        )
         assert "".join(c.choices[0].text for c in chunks if c.choices)
     else:
         r = client.completions.create(model=model, prompt="once upon a time", max_tokens=4, extra_body=IGNORE_EOS)
@@ -104,18 +128,21 @@ def test_over_long_prompt_is_context_length_exceeded(client: openai.OpenAI, mode
     """Capped routes stop it in the gateway; raw routes pass it to the engine, whose own error
     (vLLM's, llama.cpp's exceed_context_size_error) is normalised to the same body."""
     with pytest.raises(openai.BadRequestError) as info:
-        r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "word " * 3000}],
-                                           max_tokens=4, stream=stream)
+        r = client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "word " * 3000}], max_tokens=4, stream=stream
+        )
         if stream:
             list(r)  # type: ignore[call-overload]
     assert info.value.code == "context_length_exceeded"
     assert info.value.status_code == 400
 
 
-@pytest.mark.parametrize(("model", "counter"), [("llama", "llamacpp:prompt_tokens_total"),
-                                                ("vllm", "vllm:prompt_tokens_total")])
-def test_over_cap_never_reaches_the_engine(client: openai.OpenAI, gateway: GatewayThread, model: str,
-                                           counter: str) -> None:
+@pytest.mark.parametrize(
+    ("model", "counter"), [("llama", "llamacpp:prompt_tokens_total"), ("vllm", "vllm:prompt_tokens_total")]
+)
+def test_over_cap_never_reaches_the_engine(
+    client: openai.OpenAI, gateway: GatewayThread, model: str, counter: str
+) -> None:
     server = {"llama": "llamacpp", "vllm": "vllm"}[model]
     backend = next(iter(gateway.gateway.registry.pools[server]))
     metrics_url = backend.url + "/metrics"
@@ -133,15 +160,16 @@ def test_just_under_the_cap_passes_and_clamps(client: openai.OpenAI, gateway: Ga
     # Find a prompt a little under the cap, measured by the engine itself.
     words = 40
     while True:
-        r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "word " * words}],
-                                           max_tokens=1, extra_body=IGNORE_EOS)
+        r = client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "word " * words}], max_tokens=1, extra_body=IGNORE_EOS
+        )
         assert r.usage is not None
         if r.usage.prompt_tokens > cap - 64:
             break
         words = int(words * (cap - 40) / r.usage.prompt_tokens)
     raw = client.chat.completions.with_raw_response.create(
-        model=model, messages=[{"role": "user", "content": "word " * words}], max_tokens=10_000,
-        extra_body=IGNORE_EOS)
+        model=model, messages=[{"role": "user", "content": "word " * words}], max_tokens=10_000, extra_body=IGNORE_EOS
+    )
     reply = raw.parse()
     assert raw.headers["x-gateway-max-tokens-clamped"]
     assert reply.choices[0].finish_reason == "length"
@@ -153,11 +181,17 @@ def test_just_under_the_cap_passes_and_clamps(client: openai.OpenAI, gateway: Ga
 def test_truncate_oldest_fits_and_keeps_the_system_prompt(client: openai.OpenAI, model: str) -> None:
     messages: list[dict[str, str]] = [{"role": "system", "content": "SYSTEM RULES: be brief"}]
     for i in range(10):
-        messages += [{"role": "user", "content": f"question {i} " + "word " * 30},
-                     {"role": "assistant", "content": "answer " * 30}]
+        messages += [
+            {"role": "user", "content": f"question {i} " + "word " * 30},
+            {"role": "assistant", "content": "answer " * 30},
+        ]
     messages.append({"role": "user", "content": "last question"})
-    raw = client.chat.completions.with_raw_response.create(model=model, messages=messages,  # type: ignore[arg-type]
-                                                           max_tokens=4, extra_body=IGNORE_EOS)
+    raw = client.chat.completions.with_raw_response.create(
+        model=model,
+        messages=messages,  # type: ignore[arg-type]
+        max_tokens=4,
+        extra_body=IGNORE_EOS,
+    )
     reply = raw.parse()
     dropped = int(raw.headers["x-gateway-truncated-messages"])
     assert 0 < dropped < len(messages) - 2
@@ -167,11 +201,21 @@ def test_truncate_oldest_fits_and_keeps_the_system_prompt(client: openai.OpenAI,
 def stream_then_leave(gateway: GatewayThread, model: str, max_tokens: int, engine_busy: Any) -> None:
     """Start a long stream through the gateway, check the engine is working on it, then vanish."""
     host, port = gateway.base_url.removeprefix("http://").split(":")
-    body = json.dumps({"model": model, "stream": True, "max_tokens": max_tokens, "ignore_eos": True,
-                       "messages": [{"role": "user", "content": "go on"}]}).encode()
+    body = json.dumps(
+        {
+            "model": model,
+            "stream": True,
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
+            "messages": [{"role": "user", "content": "go on"}],
+        }
+    ).encode()
     with socket.create_connection((host, int(port))) as sock:
-        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                     + f"content-length: {len(body)}\r\n\r\n".encode() + body)
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            + f"content-length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
         got = b""
         while got.count(b"data: ") < 3:
             chunk = sock.recv(4096)
@@ -183,8 +227,10 @@ def stream_then_leave(gateway: GatewayThread, model: str, max_tokens: int, engin
 def test_disconnect_frees_the_llamacpp_slot(gateway: GatewayThread, engine_launcher: Any) -> None:
     # Big slots, so that a generation lasts long enough to leave in the middle of it.
     server = engine_launcher("llamacpp", ctx_per_slot=8192, parallel=1)
-    data = {"pools": {"p": {"engine": "llamacpp", "backends": [{"url": server.base_url, "model": "tiny"}]}},
-            "routes": [{"model": "big", "pools": ["p"]}]}
+    data = {
+        "pools": {"p": {"engine": "llamacpp", "backends": [{"url": server.base_url, "model": "tiny"}]}},
+        "routes": [{"model": "big", "pools": ["p"]}],
+    }
 
     def busy() -> bool:
         slots = httpx.get(server.base_url + "/slots", timeout=5).json()
@@ -201,8 +247,10 @@ def test_disconnect_frees_the_vllm_request(engine_launcher: Any) -> None:
     runs), so the proof is its token counter: it stops short of max_tokens and stays put. A long
     context of its own, so that even on an idle machine the generation outlasts the disconnect."""
     server = engine_launcher("vllm", max_model_len=4096, max_num_seqs=2)
-    data = {"pools": {"p": {"engine": "vllm", "backends": [{"url": server.base_url, "model": "tiny"}]}},
-            "routes": [{"model": "long", "pools": ["p"]}]}
+    data = {
+        "pools": {"p": {"engine": "vllm", "backends": [{"url": server.base_url, "model": "tiny"}]}},
+        "routes": [{"model": "long", "pools": ["p"]}],
+    }
 
     def running() -> float:
         return engine_metric(server.metrics_url, "vllm:num_requests_running")
@@ -219,16 +267,20 @@ def test_disconnect_frees_the_vllm_request(engine_launcher: Any) -> None:
         wait_for(lambda: gw.metric("gateway_client_disconnects_total", stage="mid_stream") >= 1, 5)
         assert idle_within(lambda: running() == 0, timeout=10) < 1.0
         settled = generated()
-        assert settled - before < 4000         # the request was cut short of its max_tokens
-        with pytest.raises(TimeoutError):      # and over the next second nothing more is generated for it
+        assert settled - before < 4000  # the request was cut short of its max_tokens
+        with pytest.raises(TimeoutError):  # and over the next second nothing more is generated for it
             wait_for(lambda: generated() != settled, timeout=1.0)
 
 
 def test_gateway_reads_engine_load(gateway: GatewayThread) -> None:
     """The scraper turns each engine's own /metrics into gateway_backend_load under our names."""
     wait_for(lambda: gateway.metric("gateway_backend_scrape_age_seconds") > 0, timeout=5)
-    names = {s.labels["signal"] for f in gateway.gateway.metrics.registry.collect() for s in f.samples
-             if s.name == "gateway_backend_load"}
+    names = {
+        s.labels["signal"]
+        for f in gateway.gateway.metrics.registry.collect()
+        for s in f.samples
+        if s.name == "gateway_backend_load"
+    }
     assert {"running", "waiting"} <= names
     text = httpx.get(gateway.base_url + "/metrics").text
     assert "vllm:" not in text and "llamacpp:" not in text

@@ -84,9 +84,12 @@ async def make_stack() -> AsyncIterator[StackFactory]:
             flavours = {m.flavour for m in members if isinstance(m, SimParams)} or {"vllm"}
             pool_cfg[pool] = {"engine": engine, "flavour": flavours.pop(), "backends": backends, **extra}
         routes = routes or [{"model": "tiny", "pools": list(pools)}]
-        data = {"pools": pool_cfg, "routes": routes,
-                "health": {"interval_s": 60, "scrape_interval_s": 60, **sections.pop("health", {})},
-                **sections}
+        data = {
+            "pools": pool_cfg,
+            "routes": routes,
+            "health": {"interval_s": 60, "scrape_interval_s": 60, **sections.pop("health", {})},
+            **sections,
+        }
         config = parse_config(data, env={})
         running = await start(config, platform=platform)  # type: ignore[arg-type]
         stack = Stack(running.base_url, sims, running.gateway, running.server, running.task)
@@ -118,17 +121,25 @@ async def check_invariants(stack: Stack) -> None:
     routes = {r.label for r in stack.gateway.config.routes} | {"__unknown__"}
     for labels, _ in stack.samples("gateway_requests_total"):
         assert labels["route"] in routes
-        assert labels["outcome"] in {"success", "client_closed", "upstream_error_before_first_byte",
-                                     "upstream_error_midstream", "timeout_ttfb", "timeout_idle",
-                                     "rejected_4xx", "overloaded"}
+        assert labels["outcome"] in {
+            "success",
+            "client_closed",
+            "upstream_error_before_first_byte",
+            "upstream_error_midstream",
+            "timeout_ttfb",
+            "timeout_idle",
+            "rejected_4xx",
+            "overloaded",
+        }
 
 
 def chat(model: str = "tiny", content: str = "hello", **extra: Any) -> dict[str, Any]:
     return {"model": model, "messages": [{"role": "user", "content": content}], **extra}
 
 
-async def raw_request(base_url: str, path: str, body: bytes, headers: dict[str, str] | None = None
-                      ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+async def raw_request(
+    base_url: str, path: str, body: bytes, headers: dict[str, str] | None = None
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """Send a request on a raw socket, so a test can read part of the answer and then vanish."""
     host, port = base_url.removeprefix("http://").split(":")
     reader, writer = await asyncio.open_connection(host, int(port))

@@ -99,8 +99,11 @@ async def test_ten_thousand_random_models_add_no_series(make_stack: StackFactory
     async with httpx.AsyncClient(limits=httpx.Limits(max_connections=32)) as client:
         await client.post(url, json=chat(model="nope"))
         await client.post(url, json=chat(max_tokens=1))
-        before = {line.split(" ")[0] for line in (await client.get(stack.base_url + "/metrics")).text.splitlines()
-                  if line and not line.startswith("#")}
+        before = {
+            line.split(" ")[0]
+            for line in (await client.get(stack.base_url + "/metrics")).text.splitlines()
+            if line and not line.startswith("#")
+        }
         rng = random.Random(11)
         sem = asyncio.Semaphore(32)
 
@@ -111,8 +114,11 @@ async def test_ten_thousand_random_models_add_no_series(make_stack: StackFactory
             assert r.status_code == 404
 
         await asyncio.gather(*(one(i) for i in range(10_000)))
-        after = {line.split(" ")[0] for line in (await client.get(stack.base_url + "/metrics")).text.splitlines()
-                 if line and not line.startswith("#")}
+        after = {
+            line.split(" ")[0]
+            for line in (await client.get(stack.base_url + "/metrics")).text.splitlines()
+            if line and not line.startswith("#")
+        }
     assert after == before
     assert stack.total("gateway_requests_total", route="__unknown__") == 10_001
 

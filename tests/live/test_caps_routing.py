@@ -12,8 +12,13 @@ from tests.live.conftest import StackFactory, chat, sim_params
 
 pytestmark = pytest.mark.live
 
-CAPPED = [{"model": "tiny", "pools": ["vllm"],
-           "caps": {"max_context_tokens": 512, "default_max_tokens": 64, "max_tokens_limit": 256}}]
+CAPPED = [
+    {
+        "model": "tiny",
+        "pools": ["vllm"],
+        "caps": {"max_context_tokens": 512, "default_max_tokens": 64, "max_tokens_limit": 256},
+    }
+]
 
 
 async def post(base: str, body: dict[str, object]) -> httpx.Response:
@@ -56,8 +61,10 @@ async def test_truncate_oldest_keeps_system_and_last_user(make_stack: StackFacto
     stack = await make_stack(routes=routes)
     history = [{"role": "system", "content": "be brief"}]
     for i in range(12):
-        history += [{"role": "user", "content": f"question {i} " + "word " * 60},
-                    {"role": "assistant", "content": "answer " * 60}]
+        history += [
+            {"role": "user", "content": f"question {i} " + "word " * 60},
+            {"role": "assistant", "content": "answer " * 60},
+        ]
     history.append({"role": "user", "content": "final question"})
     r = await post(stack.base_url, {"model": "tiny", "messages": history, "max_tokens": 8})
     assert r.status_code == 200
@@ -72,17 +79,25 @@ async def test_engine_context_errors_are_normalised(make_stack: StackFactory) ->
     """A request the gateway let through (no cap configured) that the engine rejects as too long
     reaches the client as the same 400 context_length_exceeded, for every flavour."""
     for flavour in ("vllm", "sglang", "llamacpp"):
-        stack = await make_stack(pools={"p": [sim_params(flavour, context_limit=64)]},
-                                 routes=[{"model": "tiny", "pools": ["p"]}])
+        stack = await make_stack(
+            pools={"p": [sim_params(flavour, context_limit=64)]}, routes=[{"model": "tiny", "pools": ["p"]}]
+        )
         r = await post(stack.base_url, chat(content="word " * 400))
         assert r.status_code == 400, (flavour, r.text)
         assert r.json()["error"]["code"] == "context_length_exceeded", flavour
 
 
-AGENT_ROUTES = [{"model": "tiny", "pools": ["vllm", "sglang", "llamacpp"], "rules": [
-    {"name": "mac", "when": {"platform": "mac"}, "pool": "llamacpp"},
-    {"name": "agent", "when": {"shared_prefix": True}, "pool": "sglang"},
-    {"name": "default", "pool": "vllm"}]}]
+AGENT_ROUTES = [
+    {
+        "model": "tiny",
+        "pools": ["vllm", "sglang", "llamacpp"],
+        "rules": [
+            {"name": "mac", "when": {"platform": "mac"}, "pool": "llamacpp"},
+            {"name": "agent", "when": {"shared_prefix": True}, "pool": "sglang"},
+            {"name": "default", "pool": "vllm"},
+        ],
+    }
+]
 SHARED = {"routing": {"shared_prefix": {"min_seen": 2, "min_prefix_chars": 256, "block_chars": 64}}}
 
 
@@ -91,8 +106,12 @@ def agent_turn(turn: int) -> dict[str, object]:
     for t in range(turn):
         messages += [{"role": "user", "content": f"step {t}"}, {"role": "assistant", "content": f"did {t}"}]
     messages.append({"role": "user", "content": f"step {turn}"})
-    return {"model": "tiny", "messages": messages, "max_tokens": 2,
-            "tools": [{"type": "function", "function": {"name": "search", "parameters": {}}}]}
+    return {
+        "model": "tiny",
+        "messages": messages,
+        "max_tokens": 2,
+        "tools": [{"type": "function", "function": {"name": "search", "parameters": {}}}],
+    }
 
 
 async def test_agent_traffic_goes_to_sglang_and_chat_to_vllm(make_stack: StackFactory) -> None:
@@ -125,8 +144,16 @@ async def test_fallback_pool_when_the_chosen_one_is_down(make_stack: StackFactor
 
 async def test_prompt_size_rules_see_the_estimate(make_stack: StackFactory) -> None:
     pools = {"small": [sim_params()], "big": [sim_params()]}
-    routes = [{"model": "tiny", "pools": ["small", "big"], "rules": [
-        {"name": "long", "when": {"min_prompt_tokens": 200}, "pool": "big"}, {"name": "short", "pool": "small"}]}]
+    routes = [
+        {
+            "model": "tiny",
+            "pools": ["small", "big"],
+            "rules": [
+                {"name": "long", "when": {"min_prompt_tokens": 200}, "pool": "big"},
+                {"name": "short", "pool": "small"},
+            ],
+        }
+    ]
     stack = await make_stack(pools=pools, routes=routes)
     assert (await post(stack.base_url, chat(content="word " * 400, max_tokens=1))).headers["x-gateway-rule"] == "long"
     assert (await post(stack.base_url, chat(content="hi", max_tokens=1))).headers["x-gateway-rule"] == "short"

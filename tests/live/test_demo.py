@@ -23,8 +23,12 @@ def free_port() -> int:
 
 def test_demo_end_to_end() -> None:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "demo", "--port", str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "demo", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30
@@ -38,17 +42,25 @@ def test_demo_end_to_end() -> None:
             assert time.monotonic() < deadline, "demo did not become ready"
             time.sleep(0.1)
         with httpx.Client(base_url=url, timeout=30) as client:
-            plain = client.post("/v1/chat/completions",
-                                json={"model": "demo", "messages": [{"role": "user", "content": "hello"}]})
+            plain = client.post(
+                "/v1/chat/completions", json={"model": "demo", "messages": [{"role": "user", "content": "hello"}]}
+            )
             assert plain.status_code == 200 and plain.json()["choices"][0]["message"]["content"]
             assert plain.headers["x-gateway-pool"] == "vllm"
-            agent = {"model": "demo", "max_tokens": 4, "messages": [
-                {"role": "system", "content": "You are a careful agent. " * 20},
-                {"role": "user", "content": "step 1"}]}
+            agent = {
+                "model": "demo",
+                "max_tokens": 4,
+                "messages": [
+                    {"role": "system", "content": "You are a careful agent. " * 20},
+                    {"role": "user", "content": "step 1"},
+                ],
+            }
             pools = [client.post("/v1/chat/completions", json=agent).headers["x-gateway-pool"] for _ in range(3)]
             assert pools[0] == "vllm" and pools[1:] == ["sglang", "sglang"]
-            long = client.post("/v1/chat/completions",
-                               json={"model": "demo", "messages": [{"role": "user", "content": "word " * 3000}]})
+            long = client.post(
+                "/v1/chat/completions",
+                json={"model": "demo", "messages": [{"role": "user", "content": "word " * 3000}]},
+            )
             assert long.status_code == 400
             assert long.json()["error"]["code"] == "context_length_exceeded"
             stream = client.post("/v1/chat/completions", json={**agent, "stream": True})
@@ -73,10 +85,16 @@ def test_serve_drains_and_exits_0_on_sigterm(tmp_path: object) -> None:
 
     port = free_port()
     cfg = Path(str(tmp_path)) / "g.yaml"
-    cfg.write_text("pools: {p: {engine: vllm, backends: [{url: 'http://127.0.0.1:9'}]}}\n"
-                   "routes: [{model: m, pools: [p]}]\nserver: {drain_timeout_s: 1}\n")
-    proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg), "--port", str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    cfg.write_text(
+        "pools: {p: {engine: vllm, backends: [{url: 'http://127.0.0.1:9'}]}}\n"
+        "routes: [{model: m, pools: [p]}]\nserver: {drain_timeout_s: 1}\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg), "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 20
         while True:

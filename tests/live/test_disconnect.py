@@ -14,8 +14,9 @@ pytestmark = pytest.mark.live
 
 
 async def leave_after(stack: Stack, body: dict[str, object], read_bytes: int, fault: str) -> None:
-    reader, writer = await raw_request(stack.base_url, "/v1/chat/completions", json.dumps(body).encode(),
-                                       {"x-sim-fault": fault})
+    reader, writer = await raw_request(
+        stack.base_url, "/v1/chat/completions", json.dumps(body).encode(), {"x-sim-fault": fault}
+    )
     got = b""
     while len(got) < read_bytes:
         chunk = await reader.read(read_bytes - len(got))
@@ -64,7 +65,7 @@ async def test_leave_before_the_body_is_sent(make_stack: StackFactory) -> None:
     stack = await make_stack()
     host, port = stack.base_url.removeprefix("http://").split(":")
     _reader, writer = await asyncio.open_connection(host, int(port))
-    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n\r\n{\"model\":")
+    writer.write(b'POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n\r\n{"model":')
     await writer.drain()
     writer.close()
     await writer.wait_closed()
@@ -79,8 +80,9 @@ async def test_many_random_disconnects_leave_nothing_behind(make_stack: StackFac
 
     async def one(i: int) -> None:
         stream = i % 2 == 0
-        await leave_after(stack, chat(stream=stream, max_tokens=300), (i * 37) % 400 if stream else 0,
-                          "chunk_delay=0.005")
+        await leave_after(
+            stack, chat(stream=stream, max_tokens=300), (i * 37) % 400 if stream else 0, "chunk_delay=0.005"
+        )
 
     await asyncio.gather(*(one(i) for i in range(40)))
     sim = stack.sims["vllm-0"]
@@ -93,8 +95,9 @@ async def test_many_random_disconnects_leave_nothing_behind(make_stack: StackFac
     assert 0 < sim.stats.seen <= closed
     assert sim.stats.aborted == sim.stats.seen and sim.stats.completed == 0
     async with httpx.AsyncClient() as client:
-        replies = await asyncio.gather(*(client.post(stack.base_url + "/v1/chat/completions",
-                                                     json=chat(max_tokens=2)) for _ in range(30)))
+        replies = await asyncio.gather(
+            *(client.post(stack.base_url + "/v1/chat/completions", json=chat(max_tokens=2)) for _ in range(30))
+        )
     assert all(r.status_code == 200 for r in replies)
 
 
@@ -104,9 +107,14 @@ async def test_client_that_stops_reading_is_cut_and_the_engine_freed(make_stack:
     import socket
 
     # An engine that streams as fast as the event loop allows, so the socket buffers fill quickly.
-    stack = await make_stack(pools={"vllm": [sim_params(base_step_s=1e-5, per_seq_step_s=0.0, context_limit=1_000_000,
-                                                                    kv_budget_tokens=10_000_000)]},
-                             timeouts={"idle_s": 0.5, "keepalive_s": 0})
+    stack = await make_stack(
+        pools={
+            "vllm": [
+                sim_params(base_step_s=1e-5, per_seq_step_s=0.0, context_limit=1_000_000, kv_budget_tokens=10_000_000)
+            ]
+        },
+        timeouts={"idle_s": 0.5, "keepalive_s": 0},
+    )
     host, port = stack.base_url.removeprefix("http://").split(":")
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
@@ -114,8 +122,12 @@ async def test_client_that_stops_reading_is_cut_and_the_engine_freed(make_stack:
     loop = asyncio.get_running_loop()
     await loop.sock_connect(sock, (host, int(port)))
     body = json.dumps(chat(stream=True, max_tokens=100_000)).encode()
-    await loop.sock_sendall(sock, b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                            + f"content-length: {len(body)}\r\n\r\n".encode() + body)
+    await loop.sock_sendall(
+        sock,
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        + f"content-length: {len(body)}\r\n\r\n".encode()
+        + body,
+    )
     sim = stack.sims["vllm-0"]
     try:
         await sim.wait_until(lambda s: s.aborted == 1, timeout=30)

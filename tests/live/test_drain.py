@@ -23,12 +23,15 @@ async def test_drain_finishes_short_streams_and_cuts_long_ones(make_stack: Stack
 
     async def stream(tokens: int) -> bytes:
         async with httpx.AsyncClient(timeout=30) as client:
-            r = await client.post(stack.base_url + "/v1/chat/completions", json=chat(stream=True, max_tokens=tokens),
-                                  headers={"x-sim-fault": "chunk_delay=0.05"})
+            r = await client.post(
+                stack.base_url + "/v1/chat/completions",
+                json=chat(stream=True, max_tokens=tokens),
+                headers={"x-sim-fault": "chunk_delay=0.05"},
+            )
             return r.content
 
-    short = asyncio.create_task(stream(8))      # ~0.4 s: inside the drain window
-    long = asyncio.create_task(stream(400))     # ~20 s: cut at the deadline
+    short = asyncio.create_task(stream(8))  # ~0.4 s: inside the drain window
+    long = asyncio.create_task(stream(400))  # ~20 s: cut at the deadline
     await sim.wait_until(lambda s: s.active == 2, timeout=3)
     async with httpx.AsyncClient() as client:
         assert (await client.get(stack.base_url + "/readyz")).status_code == 200

@@ -16,8 +16,9 @@ FAST_TIMEOUTS = {"timeouts": {"connect_s": 1.0, "first_byte_s": 1.0, "idle_s": 0
 
 async def post(base: str, body: dict[str, object], fault: str = "", **headers: str) -> httpx.Response:
     async with httpx.AsyncClient(timeout=10) as client:
-        return await client.post(base + "/v1/chat/completions", json=body,
-                                 headers={"x-sim-fault": fault, **headers} if fault else headers)
+        return await client.post(
+            base + "/v1/chat/completions", json=body, headers={"x-sim-fault": fault, **headers} if fault else headers
+        )
 
 
 def error_of(r: httpx.Response) -> dict[str, object]:
@@ -51,8 +52,11 @@ async def test_stall_mid_stream_hits_the_idle_timeout(make_stack: StackFactory) 
 
 
 async def test_slow_first_byte_retries_on_another_backend(make_stack: StackFactory) -> None:
-    stack = await make_stack(pools={"vllm": [sim_params(fault="headers_delay=5"), sim_params()]},
-                             pool_vllm={"balancer": "first_healthy"}, **FAST_TIMEOUTS)
+    stack = await make_stack(
+        pools={"vllm": [sim_params(fault="headers_delay=5"), sim_params()]},
+        pool_vllm={"balancer": "first_healthy"},
+        **FAST_TIMEOUTS,
+    )
     r = await post(stack.base_url, chat(max_tokens=2))
     assert r.status_code == 200 and r.headers["x-gateway-backend"] == "vllm-1"
     await stack.sims["vllm-0"].wait_until(lambda s: s.aborted == 1, timeout=1)
@@ -69,8 +73,10 @@ async def test_no_first_byte_anywhere_is_504(make_stack: StackFactory) -> None:
 
 
 async def test_500_is_retried_then_502_with_a_clean_body(make_stack: StackFactory) -> None:
-    stack = await make_stack(pools={"vllm": [sim_params(fault="status=500;body=html"), sim_params()]},
-                             pool_vllm={"balancer": "first_healthy"})
+    stack = await make_stack(
+        pools={"vllm": [sim_params(fault="status=500;body=html"), sim_params()]},
+        pool_vllm={"balancer": "first_healthy"},
+    )
     r = await post(stack.base_url, chat(max_tokens=1))
     assert r.status_code == 200 and r.headers["x-gateway-backend"] == "vllm-1"
     solo = await make_stack(pools={"vllm": [sim_params(fault="status=500;body=html")]})
@@ -82,8 +88,11 @@ async def test_500_is_retried_then_502_with_a_clean_body(make_stack: StackFactor
 
 
 async def test_five_failures_eject_a_backend(make_stack: StackFactory) -> None:
-    stack = await make_stack(pools={"vllm": [sim_params(fault="status=503"), sim_params()]},
-                             pool_vllm={"balancer": "first_healthy"}, retry={"budget_min": 10})
+    stack = await make_stack(
+        pools={"vllm": [sim_params(fault="status=503"), sim_params()]},
+        pool_vllm={"balancer": "first_healthy"},
+        retry={"budget_min": 10},
+    )
     for _ in range(5):
         assert (await post(stack.base_url, chat(max_tokens=1))).status_code == 200
     assert not stack.gateway.registry.by_name["vllm-0"].healthy
@@ -101,8 +110,9 @@ async def test_429_with_retry_after_is_passed_on(make_stack: StackFactory) -> No
 
 
 async def test_400_is_not_retried_and_not_penalised(make_stack: StackFactory) -> None:
-    stack = await make_stack(pools={"vllm": [sim_params(fault="status=400"), sim_params()]},
-                             pool_vllm={"balancer": "first_healthy"})
+    stack = await make_stack(
+        pools={"vllm": [sim_params(fault="status=400"), sim_params()]}, pool_vllm={"balancer": "first_healthy"}
+    )
     r = await post(stack.base_url, chat())
     assert r.status_code == 400
     assert stack.sims["vllm-1"].stats.seen == 0
@@ -125,8 +135,9 @@ async def test_first_event_error_becomes_an_http_error(make_stack: StackFactory)
 
 
 async def test_connection_refused_fails_over(make_stack: StackFactory) -> None:
-    stack = await make_stack(pools={"vllm": ["http://127.0.0.1:9", sim_params()]},
-                             pool_vllm={"balancer": "first_healthy"})
+    stack = await make_stack(
+        pools={"vllm": ["http://127.0.0.1:9", sim_params()]}, pool_vllm={"balancer": "first_healthy"}
+    )
     # The closed port failed its startup health check; force it "healthy" to exercise failover.
     stack.gateway.registry.set_health(stack.gateway.registry.by_name["vllm-0"], True)
     r = await post(stack.base_url, chat(max_tokens=1))
@@ -145,9 +156,11 @@ async def test_all_backends_down_is_a_fast_503(make_stack: StackFactory) -> None
 
 
 async def test_retry_storm_is_bounded_by_the_budget(make_stack: StackFactory) -> None:
-    stack = await make_stack(pools={"vllm": [sim_params(fault="status=503")] * 3},
-                             retry={"budget_min": 0, "budget_ratio": 0.2, "max_attempts": 3},
-                             health={"unhealthy_after": 1000})
+    stack = await make_stack(
+        pools={"vllm": [sim_params(fault="status=503")] * 3},
+        retry={"budget_min": 0, "budget_ratio": 0.2, "max_attempts": 3},
+        health={"unhealthy_after": 1000},
+    )
     import asyncio
 
     replies = await asyncio.gather(*(post(stack.base_url, chat()) for _ in range(30)))

@@ -15,8 +15,9 @@ pytestmark = pytest.mark.live
 
 async def burst(base: str, n: int) -> list[httpx.Response]:
     async with httpx.AsyncClient(timeout=20) as client:
-        return await asyncio.gather(*(
-            client.post(base + "/v1/chat/completions", json=chat(max_tokens=150)) for _ in range(n)))
+        return await asyncio.gather(
+            *(client.post(base + "/v1/chat/completions", json=chat(max_tokens=150)) for _ in range(n))
+        )
 
 
 async def test_requests_queue_for_a_slot(make_stack: StackFactory) -> None:
@@ -48,9 +49,18 @@ async def test_backends_discovered_through_dns(make_stack: StackFactory) -> None
     from gateway.config import parse_config
     from gateway.server import start
 
-    config = parse_config({"pools": {"p": {"engine": "sim", "backends": [
-        {"url": f"http://localhost:{sim.port}", "discover": True, "model": "tiny"}]}},
-        "routes": [{"model": "tiny", "pools": ["p"]}]}, env={})
+    config = parse_config(
+        {
+            "pools": {
+                "p": {
+                    "engine": "sim",
+                    "backends": [{"url": f"http://localhost:{sim.port}", "discover": True, "model": "tiny"}],
+                }
+            },
+            "routes": [{"model": "tiny", "pools": ["p"]}],
+        },
+        env={},
+    )
     running = await start(config)
     try:
         names = sorted(running.gateway.registry.by_name)

@@ -17,13 +17,18 @@ pytestmark = pytest.mark.live
 async def test_openai_client_chat_completions_embeddings_models(make_stack: StackFactory) -> None:
     stack = await make_stack()
     client = openai.AsyncOpenAI(base_url=stack.base_url + "/v1", api_key="client-key", max_retries=0)
-    reply = await client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
-                                                 max_tokens=5)
+    reply = await client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=5
+    )
     assert reply.choices[0].finish_reason == "length"
     assert reply.usage is not None and reply.usage.completion_tokens == 5
-    stream = await client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
-                                                  max_tokens=7, stream=True,
-                                                  stream_options={"include_usage": True})
+    stream = await client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=7,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = [c async for c in stream]
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 7
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -45,10 +50,10 @@ async def test_stream_bytes_are_relayed_unchanged(make_stack: StackFactory) -> N
     stack = await make_stack()
     body = chat(stream=True, max_tokens=20, stream_options={"include_usage": True})
     async with httpx.AsyncClient() as client:
-        direct = await client.post(stack.sims["vllm-0"].base_url + "/v1/chat/completions", json=body,
-                                   headers={"x-sim-fault": "split=1"})
-        via = await client.post(stack.base_url + "/v1/chat/completions", json=body,
-                                headers={"x-sim-fault": "split=1"})
+        direct = await client.post(
+            stack.sims["vllm-0"].base_url + "/v1/chat/completions", json=body, headers={"x-sim-fault": "split=1"}
+        )
+        via = await client.post(stack.base_url + "/v1/chat/completions", json=body, headers={"x-sim-fault": "split=1"})
     assert via.status_code == 200
     assert via.headers["content-type"].startswith("text/event-stream")
     assert via.headers["cache-control"] == "no-cache" and via.headers["x-accel-buffering"] == "no"
@@ -77,8 +82,9 @@ async def test_injected_usage_is_counted_and_stripped(make_stack: StackFactory) 
 async def test_response_says_where_it_went(make_stack: StackFactory) -> None:
     stack = await make_stack()
     async with httpx.AsyncClient() as client:
-        r = await client.post(stack.base_url + "/v1/chat/completions", json=chat(max_tokens=2),
-                              headers={"x-request-id": "my-id-1"})
+        r = await client.post(
+            stack.base_url + "/v1/chat/completions", json=chat(max_tokens=2), headers={"x-request-id": "my-id-1"}
+        )
     assert r.headers["x-gateway-pool"] == "vllm"
     assert r.headers["x-gateway-backend"] == "vllm-0"
     assert r.headers["x-gateway-rule"] == "default"
@@ -90,9 +96,18 @@ async def test_credentials_and_hop_by_hop_headers_never_reach_the_backend(make_s
     stack = await make_stack(pools={"vllm": [sim_params()]})
     async with httpx.AsyncClient() as client:
         r = await client.post(
-            stack.base_url + "/v1/chat/completions", json=chat(max_tokens=1, api_base="http://evil.example"),
-            headers={"authorization": "Bearer client-secret", "cookie": "c=1", "x-api-key": "k2",
-                     "proxy-authorization": "p", "connection": "x-foo", "x-foo": "bar", "x-keep": "yes"})
+            stack.base_url + "/v1/chat/completions",
+            json=chat(max_tokens=1, api_base="http://evil.example"),
+            headers={
+                "authorization": "Bearer client-secret",
+                "cookie": "c=1",
+                "x-api-key": "k2",
+                "proxy-authorization": "p",
+                "connection": "x-foo",
+                "x-foo": "bar",
+                "x-keep": "yes",
+            },
+        )
     assert r.status_code == 200
     seen = stack.sims["vllm-0"].stats.recent[-1]
     headers = seen.headers
@@ -109,8 +124,11 @@ async def test_backend_key_is_sent(make_stack: StackFactory) -> None:
     keyed = await make_stack(pools={"vllm": [sim_params()]})
     keyed.gateway.registry.by_name["vllm-0"].api_key = "backend-secret"
     async with httpx.AsyncClient() as client:
-        r = await client.post(keyed.base_url + "/v1/chat/completions", json=chat(max_tokens=1),
-                              headers={"authorization": "Bearer client-secret"})
+        r = await client.post(
+            keyed.base_url + "/v1/chat/completions",
+            json=chat(max_tokens=1),
+            headers={"authorization": "Bearer client-secret"},
+        )
     assert r.status_code == 200
     assert keyed.sims["vllm-0"].stats.recent[-1].headers["authorization"] == "Bearer backend-secret"
     assert sim.stats.seen == 0
@@ -131,9 +149,13 @@ async def test_output_tokens_are_counted_while_a_stream_flows(make_stack: StackF
 
     stack = await make_stack()
     async with httpx.AsyncClient(timeout=20) as client:
-        task = asyncio.create_task(client.post(stack.base_url + "/v1/chat/completions",
-                                               json=chat(stream=True, max_tokens=100),
-                                               headers={"x-sim-fault": "chunk_delay=0.01"}))
+        task = asyncio.create_task(
+            client.post(
+                stack.base_url + "/v1/chat/completions",
+                json=chat(stream=True, max_tokens=100),
+                headers={"x-sim-fault": "chunk_delay=0.01"},
+            )
+        )
         await stack.wait_metric("gateway_output_tokens_total", 32, timeout=5)
         assert not task.done()  # counted mid-stream
         await task

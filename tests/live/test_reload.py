@@ -27,16 +27,30 @@ async def test_reload_swaps_backends_and_lets_streams_finish(make_stack: StackFa
     stack = await make_stack()
     old_sim = stack.sims["vllm-0"]
     async with SimServer(sim_params()) as new_sim, httpx.AsyncClient(timeout=20) as client:
-        stream = asyncio.create_task(client.post(
-            stack.base_url + "/v1/chat/completions", json=chat(stream=True, max_tokens=40),
-            headers={"x-sim-fault": "chunk_delay=0.02"}))
+        stream = asyncio.create_task(
+            client.post(
+                stack.base_url + "/v1/chat/completions",
+                json=chat(stream=True, max_tokens=40),
+                headers={"x-sim-fault": "chunk_delay=0.02"},
+            )
+        )
         await old_sim.wait_until(lambda s: s.active == 1, timeout=3)
         app = stack.server.config.loaded_app
         assert isinstance(app, GatewayApp)
-        await app.reload(parse_config({
-            "pools": {"vllm": {"engine": "sim",
-                               "backends": [{"url": new_sim.base_url, "name": "fresh", "model": "tiny"}]}},
-            "routes": [{"model": "tiny", "pools": ["vllm"]}, {"model": "added", "pools": ["vllm"]}]}, env={}))
+        await app.reload(
+            parse_config(
+                {
+                    "pools": {
+                        "vllm": {
+                            "engine": "sim",
+                            "backends": [{"url": new_sim.base_url, "name": "fresh", "model": "tiny"}],
+                        }
+                    },
+                    "routes": [{"model": "tiny", "pools": ["vllm"]}, {"model": "added", "pools": ["vllm"]}],
+                },
+                env={},
+            )
+        )
         r = await client.post(stack.base_url + "/v1/chat/completions", json=chat(model="added", max_tokens=1))
         assert r.status_code == 200 and r.headers["x-gateway-backend"] == "fresh"
         old = await stream
@@ -56,8 +70,22 @@ def test_sighup_reloads_the_file_and_refuses_a_bad_one(tmp_path: Path) -> None:
     cfg.write_text(pools + "routes: [{model: one, pools: [p]}]\n")
     log = tmp_path / "gateway.log"
     with log.open("w") as sink:
-        proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg), "--port",
-                                 str(port), "--log-level", "warning"], stdout=sink, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gateway.cli",
+                "serve",
+                "--config",
+                str(cfg),
+                "--port",
+                str(port),
+                "--log-level",
+                "warning",
+            ],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
     url = f"http://127.0.0.1:{port}/v1/models"
 
     def models() -> list[str]:

@@ -122,8 +122,11 @@ class PrometheusServer:
         def rules() -> list[dict[str, Any]]:
             return [r for g in self.api("rules")["groups"] for r in g["rules"]]
 
-        wait_until(lambda: all(r.get("lastEvaluation", "").startswith("2") for r in rules()),
-                   timeout, "every rule to be evaluated")
+        wait_until(
+            lambda: all(r.get("lastEvaluation", "").startswith("2") for r in rules()),
+            timeout,
+            "every rule to be evaluated",
+        )
         return rules()
 
     def reload(self) -> None:
@@ -145,15 +148,19 @@ class PrometheusServer:
 
 def prometheus_config(job: str, target: str, scrape_interval: str = "1s") -> dict[str, Any]:
     return {
-        "global": {"scrape_interval": scrape_interval, "scrape_timeout": scrape_interval,
-                   "evaluation_interval": scrape_interval},
+        "global": {
+            "scrape_interval": scrape_interval,
+            "scrape_timeout": scrape_interval,
+            "evaluation_interval": scrape_interval,
+        },
         "rule_files": [str(p) for p in sorted(RULES.glob("*.yml"))],
         "scrape_configs": [{"job_name": job, "static_configs": [{"targets": [target]}]}],
     }
 
 
-def start_prometheus(workdir: Path, target: str | None = None, job: str = "gateway",
-                     startup_timeout: float = 30.0) -> PrometheusServer:
+def start_prometheus(
+    workdir: Path, target: str | None = None, job: str = "gateway", startup_timeout: float = 30.0
+) -> PrometheusServer:
     """Start Prometheus scraping `target` (host:port; None = Prometheus itself) as `job`."""
     binary = sources.require_binary("prometheus")
     workdir.mkdir(parents=True, exist_ok=True)
@@ -165,9 +172,17 @@ def start_prometheus(workdir: Path, target: str | None = None, job: str = "gatew
     log_path = workdir / "prometheus.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            [binary, f"--config.file={config}", f"--storage.tsdb.path={workdir / 'data'}",
-             f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle", "--log.level=warn"],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            [
+                binary,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={workdir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--web.enable-lifecycle",
+                "--log.level=warn",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
         )
     server = PrometheusServer(url, job, target, process, log_path, httpx.Client(timeout=5.0))
 

@@ -62,29 +62,50 @@ def _gateway_config(urls: dict[str, str]) -> dict[str, Any]:
         return {"url": urls[name], "name": name, "model": "tiny", **extra}
 
     return {
-        "routing": {"platform": "nvidia_gpu",
-                    "shared_prefix": {"min_seen": 2, "min_prefix_chars": 256, "block_chars": 64}},
+        "routing": {
+            "platform": "nvidia_gpu",
+            "shared_prefix": {"min_seen": 2, "min_prefix_chars": 256, "block_chars": 64},
+        },
         "limits": {"queue_timeout_s": 10},
         "timeouts": {"first_byte_s": 0.4, "idle_s": 0.4, "keepalive_s": 0.2},
         "retry": {"max_attempts": 2, "budget_ratio": 0.0, "budget_min": 1},
         "health": {"interval_s": 1, "timeout_s": 1, "scrape_interval_s": 1, "unhealthy_after": 5},
         "pools": {
-            "vllm": {"engine": "sim", "flavour": "vllm", "balancer": "least_load",
-                     "backends": [backend("vllm-0"), backend("vllm-1")]},
-            "sglang": {"engine": "sim", "flavour": "sglang", "balancer": "prefix_affinity",
-                       "backends": [backend("sglang-0"), backend("sglang-1")]},
-            "flaky": {"engine": "sim", "flavour": "vllm", "balancer": "round_robin",
-                      "backends": [backend("flaky-0"), backend("flaky-1")]},
-            "queued": {"engine": "sim", "flavour": "vllm",
-                       "backends": [backend("queued-0", max_in_flight=1)]},
+            "vllm": {
+                "engine": "sim",
+                "flavour": "vllm",
+                "balancer": "least_load",
+                "backends": [backend("vllm-0"), backend("vllm-1")],
+            },
+            "sglang": {
+                "engine": "sim",
+                "flavour": "sglang",
+                "balancer": "prefix_affinity",
+                "backends": [backend("sglang-0"), backend("sglang-1")],
+            },
+            "flaky": {
+                "engine": "sim",
+                "flavour": "vllm",
+                "balancer": "round_robin",
+                "backends": [backend("flaky-0"), backend("flaky-1")],
+            },
+            "queued": {"engine": "sim", "flavour": "vllm", "backends": [backend("queued-0", max_in_flight=1)]},
         },
         "routes": [
-            {"model": "chat", "pools": ["vllm", "sglang"],
-             "rules": [{"name": "agent", "when": {"shared_prefix": True}, "pool": "sglang"},
-                       {"name": "default", "pool": "vllm"}],
-             "caps": {"max_context_tokens": 1024, "default_max_tokens": 12, "max_tokens_limit": 24}},
-            {"model": "trunc", "pools": ["vllm"],
-             "caps": {"max_context_tokens": 384, "on_exceed": "truncate_oldest", "default_max_tokens": 8}},
+            {
+                "model": "chat",
+                "pools": ["vllm", "sglang"],
+                "rules": [
+                    {"name": "agent", "when": {"shared_prefix": True}, "pool": "sglang"},
+                    {"name": "default", "pool": "vllm"},
+                ],
+                "caps": {"max_context_tokens": 1024, "default_max_tokens": 12, "max_tokens_limit": 24},
+            },
+            {
+                "model": "trunc",
+                "pools": ["vllm"],
+                "caps": {"max_context_tokens": 384, "on_exceed": "truncate_oldest", "default_max_tokens": 8},
+            },
             {"model": "flaky", "pools": ["flaky"]},
             {"model": "queued", "pools": ["queued"]},
         ],
@@ -99,11 +120,25 @@ async def _stack(tmp: Path) -> AsyncIterator[Stack]:
 
     def sim(flavour: str = "vllm", **extra: Any) -> SimServer:
         # 5 ms a token at batch 1: a 12-token answer streams for ~60-100 ms.
-        return SimServer(SimParams.preset("fast", flavour=flavour, base_step_s=0.005,  # type: ignore[arg-type]
-                                          per_seq_step_s=0.0005, **extra))
+        return SimServer(
+            SimParams.preset(
+                "fast",
+                flavour=flavour,
+                base_step_s=0.005,  # type: ignore[arg-type]
+                per_seq_step_s=0.0005,
+                **extra,
+            )
+        )
 
-    sims = {"vllm-0": sim(), "vllm-1": sim(), "sglang-0": sim("sglang"), "sglang-1": sim("sglang"),
-            "flaky-0": sim(fault="status=500"), "flaky-1": sim(), "queued-0": sim()}
+    sims = {
+        "vllm-0": sim(),
+        "vllm-1": sim(),
+        "sglang-0": sim("sglang"),
+        "sglang-1": sim("sglang"),
+        "flaky-0": sim(fault="status=500"),
+        "flaky-1": sim(),
+        "queued-0": sim(),
+    }
     started: list[Any] = []
     server = task = prometheus = None
     try:
@@ -153,8 +188,10 @@ def _request(kind: str, rng: random.Random) -> tuple[dict[str, Any], dict[str, s
     elif kind == "truncated":
         history = [{"role": "system", "content": "be brief"}]
         for i in range(8):
-            history += [{"role": "user", "content": f"q{i} " + "word " * 60},
-                        {"role": "assistant", "content": "answer " * 60}]
+            history += [
+                {"role": "user", "content": f"q{i} " + "word " * 60},
+                {"role": "assistant", "content": "answer " * 60},
+            ]
         body.update(model="trunc", messages=[*history, {"role": "user", "content": q}])
     elif kind == "shared_prefix":
         body["messages"] = [{"role": "system", "content": SHARED_SYSTEM}, *_msg(q)]
@@ -184,8 +221,20 @@ def _request(kind: str, rng: random.Random) -> tuple[dict[str, Any], dict[str, s
 
 
 KINDS = {  # kind: weight
-    "plain": 6, "usage": 3, "defaulted": 2, "clamped": 2, "over_cap": 2, "truncated": 2, "shared_prefix": 4,
-    "unknown_model": 1, "flaky": 3, "queued": 2, "status_500": 1, "die": 1, "stall": 1, "slow_headers": 1,
+    "plain": 6,
+    "usage": 3,
+    "defaulted": 2,
+    "clamped": 2,
+    "over_cap": 2,
+    "truncated": 2,
+    "shared_prefix": 4,
+    "unknown_model": 1,
+    "flaky": 3,
+    "queued": 2,
+    "status_500": 1,
+    "die": 1,
+    "stall": 1,
+    "slow_headers": 1,
     "hang_up": 1,
 }
 
@@ -263,7 +312,7 @@ def condition_operand(expr: str) -> str:
     last = 0
     for m in _SET_OPS.finditer(expr):
         if _top_level(expr, m.start()):
-            parts += [expr[last:m.start()], m.group(0)]
+            parts += [expr[last : m.start()], m.group(0)]
             last = m.end()
     parts.append(expr[last:])
     out = []
@@ -271,7 +320,7 @@ def condition_operand(expr: str) -> str:
         if i % 2 == 0:
             m = _COMPARISON.search(part)
             if m and _top_level(part, m.start(1)):
-                part = part[:m.start()]
+                part = part[: m.start()]
         out.append(part.strip())
     return " ".join(out)
 
@@ -279,7 +328,8 @@ def condition_operand(expr: str) -> str:
 def test_condition_operand() -> None:
     assert condition_operand('up{job="gateway"} == 0') == 'up{job="gateway"}'
     assert condition_operand("a:b > 0.05\nand on (route) sum by (route) (c) > 0.1\n") == (
-        "a:b and on (route) sum by (route) (c)")
+        "a:b and on (route) sum by (route) (c)"
+    )
     assert condition_operand("sum by (route) (rate(x[1m])) > 0") == "sum by (route) (rate(x[1m]))"
     assert condition_operand("histogram_quantile(0.5, x)") == "histogram_quantile(0.5, x)"
 
@@ -347,7 +397,8 @@ async def test_every_expression_returns_data(tmp_path: Path) -> None:
     assert not errors and not failures, (
         f"{len(errors)} errors and {len(failures)} expressions without data, of {len(exprs)} "
         f"(load {load_s:.1f} s):\n{report}\n\ngateway series in Prometheus: "
-        f"{sorted(n for n in names if n.startswith('gateway'))}\n\nrequests sent:\n{summary}")
+        f"{sorted(n for n in names if n.startswith('gateway'))}\n\nrequests sent:\n{summary}"
+    )
     # The load did what it was meant to: every kind of request was sent, and ended as expected.
     sent = {k.split(" ")[0] for k in results}
     assert sent == set(KINDS), sorted(set(KINDS) - sent)

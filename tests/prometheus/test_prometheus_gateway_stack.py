@@ -41,9 +41,14 @@ class Stack:
 
 def _spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
     with log.open("wb") as out:
-        return subprocess.Popen([sys.executable, "-m", "gateway.cli", *args], stdout=out,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=sources.REPO,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        return subprocess.Popen(
+            [sys.executable, "-m", "gateway.cli", *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=sources.REPO,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
 
 
 def _local_config(ports: dict[str, int], gateway_port: int) -> dict[str, Any]:
@@ -58,8 +63,13 @@ def _local_config(ports: dict[str, int], gateway_port: int) -> dict[str, Any]:
 
 
 def _chat(client: httpx.Client, url: str, model: str, content: str) -> int:
-    body = {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": 16,
-            "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": 16,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
         for _ in response.iter_bytes():
             pass
@@ -99,8 +109,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     try:
         ports = {name: free_port() for name in ("vllm", "sglang", "llamacpp")}
         for name, port in ports.items():
-            processes.append(_spawn(["sim", "--flavour", name, "--host", "127.0.0.1", "--port", str(port)],
-                                    tmp / f"sim-{name}.log"))
+            processes.append(
+                _spawn(["sim", "--flavour", name, "--host", "127.0.0.1", "--port", str(port)], tmp / f"sim-{name}.log")
+            )
         gateway_port = free_port()
         config = tmp / "gateway.yaml"
         config.write_text(yaml.safe_dump(_local_config(ports, gateway_port)), encoding="utf-8")
@@ -124,8 +135,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         statuses = _traffic(url, TRAFFIC_S)
         assert 200 in statuses and 400 in statuses, sorted(set(statuses))
         server = prometheus
-        wait_until(lambda: bool(server.query('gateway:output_tokens_per_second:rate1m{route="small"} > 0')),
-                   30.0, "recording rules over the traffic")
+        wait_until(
+            lambda: bool(server.query('gateway:output_tokens_per_second:rate1m{route="small"} > 0')),
+            30.0,
+            "recording rules over the traffic",
+        )
         yield Stack(url, prometheus)
     finally:
         if prometheus is not None:
@@ -151,12 +165,21 @@ def _values(stack: Stack, expr: str) -> dict[str, float]:
 
 @pytest.mark.parametrize(
     "rule",
-    ["gateway:ttft_seconds:p50", "gateway:ttft_seconds:p95", "gateway:itl_seconds:p50",
-     "gateway:itl_seconds:p95", "gateway:request_duration_seconds:p95",
-     "gateway:request_tokens_per_second:p50", "gateway:request_tokens_per_second:p10",
-     "gateway:output_tokens_per_second:rate1m", "gateway:prompt_tokens_per_second:rate1m",
-     "gateway:requests_per_second:rate1m", "gateway:overhead_seconds:p50", "gateway:overhead_seconds:p99",
-     "gateway:relay_seconds_per_chunk:rate1m"],
+    [
+        "gateway:ttft_seconds:p50",
+        "gateway:ttft_seconds:p95",
+        "gateway:itl_seconds:p50",
+        "gateway:itl_seconds:p95",
+        "gateway:request_duration_seconds:p95",
+        "gateway:request_tokens_per_second:p50",
+        "gateway:request_tokens_per_second:p10",
+        "gateway:output_tokens_per_second:rate1m",
+        "gateway:prompt_tokens_per_second:rate1m",
+        "gateway:requests_per_second:rate1m",
+        "gateway:overhead_seconds:p50",
+        "gateway:overhead_seconds:p99",
+        "gateway:relay_seconds_per_chunk:rate1m",
+    ],
 )
 def test_both_lenses_are_recorded_for_both_routes(stack: Stack, rule: str) -> None:
     values = _values(stack, rule)
@@ -189,8 +212,12 @@ def test_dashboard_first_row_has_data(stack: Stack) -> None:
     panels = sources.dashboard_panels(sources.DASHBOARDS / "gateway.json")
     rows = [p["gridPos"]["y"] for p in panels if p["type"] == "row"]
     top = [p for p in panels if p["type"] != "row" and rows[0] < p["gridPos"]["y"] < rows[1]]
-    empty = [f"{p['title']} {t['refId']}" for p in top for t in p["targets"]
-             if not stack.prometheus.query(substitute(t["expr"]))]
+    empty = [
+        f"{p['title']} {t['refId']}"
+        for p in top
+        for t in p["targets"]
+        if not stack.prometheus.query(substitute(t["expr"]))
+    ]
     assert empty == []
 
 

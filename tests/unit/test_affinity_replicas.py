@@ -25,18 +25,37 @@ pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMES = ["vllm-a", "vllm-b", "vllm-c"]
-WORDS = ["gateway", "replica", "prefix", "cache", "tokens", "stream", "route", "engine", "queue", "latency",
-         "block", "hash"]
+WORDS = [
+    "gateway",
+    "replica",
+    "prefix",
+    "cache",
+    "tokens",
+    "stream",
+    "route",
+    "engine",
+    "queue",
+    "latency",
+    "block",
+    "hash",
+]
 
 
 def config(names: list[str] = NAMES, epsilon: float = 0.25) -> GatewayConfig:
-    return parse_config({
-        "pools": {"vllm": {
-            "engine": "vllm", "balancer": "prefix_affinity", "affinity_epsilon": epsilon,
-            "backends": [{"name": n, "url": f"http://10.0.0.{i + 1}:8000"} for i, n in enumerate(names)],
-        }},
-        "routes": [{"model": "m", "pools": ["vllm"]}],
-    }, env={})
+    return parse_config(
+        {
+            "pools": {
+                "vllm": {
+                    "engine": "vllm",
+                    "balancer": "prefix_affinity",
+                    "affinity_epsilon": epsilon,
+                    "backends": [{"name": n, "url": f"http://10.0.0.{i + 1}:8000"} for i, n in enumerate(names)],
+                }
+            },
+            "routes": [{"model": "m", "pools": ["vllm"]}],
+        },
+        env={},
+    )
 
 
 def words(seed: int, n: int) -> str:
@@ -46,19 +65,23 @@ def words(seed: int, n: int) -> str:
 def stream(conversations: int, turns: int, system_words: int) -> list[tuple[int, list[dict[str, str]]]]:
     """Interleaved multi-turn chats (turn t of every conversation, then t+1), sharing a system prompt."""
     system = {"role": "system", "content": "You are an agent. " + words(0, system_words)}
-    chats = [[system, {"role": "user", "content": f"conversation {c}: " + words(c + 1, 150)}]
-             for c in range(conversations)]
+    chats = [
+        [system, {"role": "user", "content": f"conversation {c}: " + words(c + 1, 150)}] for c in range(conversations)
+    ]
     out = []
     for t in range(turns):
         for c, chat in enumerate(chats):
             out.append((c, [dict(m) for m in chat]))
-            chat += [{"role": "assistant", "content": words(100 * c + t, 12)},
-                     {"role": "user", "content": words(1000 * c + t, 15)}]
+            chat += [
+                {"role": "assistant", "content": words(100 * c + t, 12)},
+                {"role": "user", "content": words(1000 * c + t, 15)},
+            ]
     return out
 
 
-def choices(names: list[str] = NAMES, system_words: int = 10, in_flight_window: int = 0,
-            conversations: int = 12, turns: int = 4) -> list[str]:
+def choices(
+    names: list[str] = NAMES, system_words: int = 10, in_flight_window: int = 0, conversations: int = 12, turns: int = 4
+) -> list[str]:
     """The backend a cold gateway picks for each request of the stream. With `in_flight_window` > 0
     the last N requests stay in flight (so the load bound takes part), identically on every run."""
     cfg = config(names)
@@ -112,13 +135,16 @@ def test_cold_choices_spread_and_stick() -> None:
 @pytest.mark.slow
 def test_separate_processes_agree() -> None:
     """Separate interpreters with different hash seeds: what two gateway processes would compute."""
-    code = ("import json; from tests.unit.test_affinity_replicas import choices; "
-            "print(json.dumps([choices(system_words=w, in_flight_window=5) for w in (10, 200)]))")
+    code = (
+        "import json; from tests.unit.test_affinity_replicas import choices; "
+        "print(json.dumps([choices(system_words=w, in_flight_window=5) for w in (10, 200)]))"
+    )
     runs = []
     for seed in ("1", "2"):
         env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(ROOT)}
-        out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
-                             timeout=60, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=True
+        )
         runs.append(json.loads(out.stdout))
     assert runs[0] == runs[1]
     assert runs[0] == [choices(system_words=w, in_flight_window=5) for w in (10, 200)]

@@ -15,12 +15,12 @@ CAP = CapsConfig(max_context_tokens=1000, default_max_tokens=200, max_tokens_lim
 @pytest.mark.parametrize(
     ("prompt", "requested", "action", "max_tokens"),
     [
-        (100, None, "default", 200),     # missing -> default
-        (900, None, "default", 100),     # missing -> what the cap leaves
+        (100, None, "default", 200),  # missing -> default
+        (900, None, "default", 100),  # missing -> what the cap leaves
         (100, 50, "pass", None),
-        (100, 600, "clamp", 500),        # over the per-request limit
-        (800, 400, "clamp", 200),        # over what the cap leaves
-        (1000, 10, "reject", None),      # no room at all
+        (100, 600, "clamp", 500),  # over the per-request limit
+        (800, 400, "clamp", 200),  # over what the cap leaves
+        (1000, 10, "reject", None),  # no room at all
         (5000, None, "reject", None),
     ],
 )
@@ -58,8 +58,12 @@ def test_truncate_impossible() -> None:
 
 
 def test_truncate_never_orphans_a_tool_result() -> None:
-    m = [{"role": "system", "content": "s"}, {"role": "assistant", "content": "", "tool_calls": [{}]},
-         {"role": "tool", "content": "r"}, {"role": "user", "content": "q"}]
+    m = [
+        {"role": "system", "content": "s"},
+        {"role": "assistant", "content": "", "tool_calls": [{}]},
+        {"role": "tool", "content": "r"},
+        {"role": "user", "content": "q"},
+    ]
     result = truncate_oldest(m, [1, 50, 5, 1], budget=10)
     assert result is not None
     assert [x["role"] for x in result[0]] == ["system", "user"]

@@ -28,9 +28,9 @@ def test_plan_pushes_the_cap_into_each_engine(capsys: pytest.CaptureFixture[str]
     cfg = ROOT / "tests/fixtures/hf_configs/Meta-Llama-3-8B/config.json"
     assert main(["plan", "--config", str(ROOT / "gateway.yaml"), "--model-config", str(cfg), "--parallel", "4"]) == 0
     out = capsys.readouterr().out
-    assert "--max-model-len 65536" in out          # vLLM
-    assert "--context-length 65536" in out         # SGLang
-    assert "-c 262144 --parallel 4" in out         # llama.cpp splits -c across its slots
+    assert "--max-model-len 65536" in out  # vLLM
+    assert "--context-length 65536" in out  # SGLang
+    assert "-c 262144 --parallel 4" in out  # llama.cpp splits -c across its slots
     # Llama-3-8B: 128 KiB per token -> 65536 tokens = 8.59 GB per sequence, 34.36 GB for 4.
     assert "8.59 GB per sequence" in out and "34.36 GB for 4" in out
 

@@ -12,8 +12,10 @@ pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[2]
 
-MINIMAL = {"pools": {"p": {"engine": "vllm", "backends": [{"url": "http://127.0.0.1:1"}]}},
-           "routes": [{"model": "m", "pools": ["p"]}]}
+MINIMAL = {
+    "pools": {"p": {"engine": "vllm", "backends": [{"url": "http://127.0.0.1:1"}]}},
+    "routes": [{"model": "m", "pools": ["p"]}],
+}
 
 
 def test_shipped_config_loads() -> None:
@@ -27,8 +29,7 @@ def test_shipped_config_loads() -> None:
 
 
 def test_errors_name_the_yaml_path() -> None:
-    bad = {**MINIMAL, "routes": [{"model": "m", "pools": ["nope"], "bogus": 1}],
-           "timeouts": {"connect_s": -1}}
+    bad = {**MINIMAL, "routes": [{"model": "m", "pools": ["nope"], "bogus": 1}], "timeouts": {"connect_s": -1}}
     with pytest.raises(ConfigError) as info:
         parse_config(bad, env={})
     text = "\n".join(info.value.problems)
@@ -46,8 +47,10 @@ def test_reference_errors() -> None:
 
 
 def test_env_substitution() -> None:
-    data = {**MINIMAL, "pools": {"p": {"engine": "vllm", "backends": [
-        {"url": "http://${HOST}:1", "api_key": "${KEY:-fallback}"}]}}}
+    data = {
+        **MINIMAL,
+        "pools": {"p": {"engine": "vllm", "backends": [{"url": "http://${HOST}:1", "api_key": "${KEY:-fallback}"}]}},
+    }
     config = parse_config(data, env={"HOST": "example"})
     backend = config.pools["p"].backends[0]
     assert backend.url == "http://example:1"

@@ -25,8 +25,10 @@ REPO = Path(__file__).resolve().parents[2]
 CONFIG_DOC = REPO / "docs" / "configuration.md"
 README = REPO / "README.md"
 # The docs whose `gateway <subcommand>` mentions are checked, besides the README.
-COMMAND_DOCS = [README, *(REPO / "docs" / f"{name}.md" for name in ("configuration", "routing", "simulator",
-                                                                       "testing"))]
+COMMAND_DOCS = [
+    README,
+    *(REPO / "docs" / f"{name}.md" for name in ("configuration", "routing", "simulator", "testing")),
+]
 # Environment for the doc's complete examples, which may use ${NAME} without a default.
 EXAMPLE_ENV = {"GATEWAY_API_KEY": "sk-example"}
 
@@ -162,8 +164,15 @@ def test_documented_defaults_are_the_code_defaults(rows: list[tuple[str, dict[st
 
 def test_walker_sees_the_nested_keys() -> None:
     fields = config_fields()
-    for path in ("server.port", "routing.shared_prefix.min_seen", "pools", "pools.<name>.backends",
-                 "pools.<name>.backends[].url", "routes[].rules[].when.header", "routes[].caps.on_exceed"):
+    for path in (
+        "server.port",
+        "routing.shared_prefix.min_seen",
+        "pools",
+        "pools.<name>.backends",
+        "pools.<name>.backends[].url",
+        "routes[].rules[].when.header",
+        "routes[].caps.on_exceed",
+    ):
         assert fields.get(path) is not None, path
     for section in ("server", "routing.shared_prefix", "routes[].caps", "routes[].rules[].when"):
         assert section in fields and fields[section] is None, section
@@ -192,9 +201,16 @@ def test_shipped_config_is_what_the_doc_describes() -> None:
     (route,) = config.routes
     assert (route.model, route.label, route.pools) == ("*", "default", ("vllm", "sglang", "llamacpp"))
     assert [(r.name, r.pool) for r in route.rules] == [
-        ("mac", "llamacpp"), ("no-gpu", "llamacpp"), ("shared-prefix", "sglang"), ("default", "vllm")]
+        ("mac", "llamacpp"),
+        ("no-gpu", "llamacpp"),
+        ("shared-prefix", "sglang"),
+        ("default", "vllm"),
+    ]
     assert (route.caps.max_context_tokens, route.caps.on_exceed, route.caps.default_max_tokens) == (
-        65536, "reject", 4096)
+        65536,
+        "reject",
+        4096,
+    )
 
 
 # ---------------------------------------------------------------------------------------------------

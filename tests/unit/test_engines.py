@@ -219,9 +219,7 @@ def test_non_json_snippet_is_short() -> None:
 # Recorded from real servers, when present: every error the engines sent must normalise cleanly,
 # and "too long" must be a context_length_exceeded whatever status the engine used.
 def recorded_errors() -> list[tuple[str, Path]]:
-    return [
-        (kind, p) for kind in ("llamacpp", "vllm") for p in sorted((FIXTURES / kind).glob("error_*.json"))
-    ]
+    return [(kind, p) for kind in ("llamacpp", "vllm") for p in sorted((FIXTURES / kind).glob("error_*.json"))]
 
 
 NONE_RECORDED = pytest.param("", Path(), marks=pytest.mark.skip(reason="no recorded errors yet"))
@@ -249,9 +247,7 @@ def test_normalise_recorded_errors(kind: str, path: Path) -> None:
 # ---------------------------------------------------------------- token counting
 
 
-def run_tokenize(
-    kind: str, messages: Any, prompt: str | None, answers: list[Any]
-) -> tuple[list[Any], int | None]:
+def run_tokenize(kind: str, messages: Any, prompt: str | None, answers: list[Any]) -> tuple[list[Any], int | None]:
     """Drive the caller's loop with canned answers; returns the calls made and the count."""
     adapter = adapter_for(kind)
     made: list[TokenizeCall] = list(adapter.tokenize_calls("m", messages, prompt))
@@ -298,15 +294,11 @@ TOKENIZE_CASES = [
 
 
 @pytest.mark.parametrize(("kind", "messages", "prompt", "answers", "calls", "count"), TOKENIZE_CASES)
-def test_tokenize(
-    kind: str, messages: Any, prompt: Any, answers: list[Any], calls: list[Any], count: Any
-) -> None:
+def test_tokenize(kind: str, messages: Any, prompt: Any, answers: list[Any], calls: list[Any], count: Any) -> None:
     assert run_tokenize(kind, messages, prompt, answers) == (calls, count)
 
 
-@pytest.mark.parametrize(
-    "answer", [None, [], "x", {"count": True}, {"count": -1}, {"tokens": "abc"}, {"count": "7"}]
-)
+@pytest.mark.parametrize("answer", [None, [], "x", {"count": True}, {"count": -1}, {"tokens": "abc"}, {"count": "7"}])
 def test_count_tokens_rejects_odd_answers(answer: Any) -> None:
     for kind in ("vllm", "sglang", "llamacpp", "lmdeploy"):
         assert adapter_for(kind).count_tokens([answer]) is None
@@ -447,7 +439,14 @@ def test_adapters_never_import_the_gateway(module: str) -> None:
 
 def test_error_messages_do_not_leak_file_paths() -> None:
     """A real SGLang 400 embeds a traceback line naming its install directory."""
-    body = json.dumps({"object": "error", "type": "BadRequestError", "code": 400, "param": None,
-                       "message": 'File "/root/venv/lib/python3.11/site-packages/sglang/srt/x.py", line 3: bad'})
+    body = json.dumps(
+        {
+            "object": "error",
+            "type": "BadRequestError",
+            "code": 400,
+            "param": None,
+            "message": 'File "/root/venv/lib/python3.11/site-packages/sglang/srt/x.py", line 3: bad',
+        }
+    )
     norm = adapter_for("sglang").normalise_error(400, body.encode())
     assert "/root" not in norm.message and "site-packages" not in norm.message

@@ -14,11 +14,11 @@ pytestmark = pytest.mark.unit
 def test_engine_truncation_is_detected_from_usage() -> None:
     ex = Exchange(request_id="r", kind="chat", metrics=GatewayMetrics())
     ex.prompt_exact = 1000
-    assert ex.engine_truncated({"prompt_tokens": 512})        # Ollama-style: cut to its context
+    assert ex.engine_truncated({"prompt_tokens": 512})  # Ollama-style: cut to its context
     assert not ex.engine_truncated({"prompt_tokens": 1000})
     ex.prompt_exact, ex.prompt_estimate = None, 4000
     assert ex.engine_truncated({"prompt_tokens": 1024})
-    assert not ex.engine_truncated({"prompt_tokens": 3000})   # the estimate errs high, so allow for it
+    assert not ex.engine_truncated({"prompt_tokens": 3000})  # the estimate errs high, so allow for it
     assert not ex.engine_truncated({})
 
 

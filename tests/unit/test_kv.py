@@ -356,9 +356,7 @@ def test_format_table_contents() -> None:
     assert "llama3-8b: GQA, 32 layers x 8 KV heads x head_dim 128" in table
     assert "131,072 bytes (128.00 KiB)" in table
     assert "GB = 10^9 bytes, GiB = 2^30 bytes" in table
-    rows = {
-        line.split()[0]: line for line in table.splitlines() if line[:1].isdigit() and "instead" not in line
-    }
+    rows = {line.split()[0]: line for line in table.splitlines() if line[:1].isdigit() and "instead" not in line}
     assert "34.36 GB (32.00 GiB)" in rows["256k"] and "1,099.51 GB (1,024.00 GiB)" in rows["256k"]
     assert "8.59 GB (8.00 GiB)" in rows["64k"] and rows["64k"].split()[-1] == "9"
     assert "fit in 80 GB" in table

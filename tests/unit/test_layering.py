@@ -11,10 +11,31 @@ import pytest
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[2]
-PURE = ["gateway/prefix.py", "gateway/rules.py", "gateway/balancer.py", "gateway/caps.py", "gateway/kv.py",
-        "gateway/inbound.py", "gateway/sse.py", "gateway/errors.py", "gateway/config.py"]
-IO_MODULES = {"asyncio", "aiohttp", "httpx", "socket", "logging", "uvicorn", "starlette", "subprocess",
-              "requests", "urllib.request", "prometheus_client", "time"}
+PURE = [
+    "gateway/prefix.py",
+    "gateway/rules.py",
+    "gateway/balancer.py",
+    "gateway/caps.py",
+    "gateway/kv.py",
+    "gateway/inbound.py",
+    "gateway/sse.py",
+    "gateway/errors.py",
+    "gateway/config.py",
+]
+IO_MODULES = {
+    "asyncio",
+    "aiohttp",
+    "httpx",
+    "socket",
+    "logging",
+    "uvicorn",
+    "starlette",
+    "subprocess",
+    "requests",
+    "urllib.request",
+    "prometheus_client",
+    "time",
+}
 
 
 def imports(path: Path) -> set[str]:

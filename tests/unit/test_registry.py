@@ -12,10 +12,19 @@ pytestmark = pytest.mark.unit
 
 
 def registry(**health: object) -> Registry:
-    return Registry(parse_config({
-        "pools": {"p": {"engine": "vllm", "backends": [{"url": "http://127.0.0.1:1"}, {"url": "http://127.0.0.1:2"}]}},
-        "routes": [{"model": "m", "pools": ["p"]}], "health": health, "retry": {"budget_min": 3, "budget_ratio": 0.2},
-    }, env={}))
+    return Registry(
+        parse_config(
+            {
+                "pools": {
+                    "p": {"engine": "vllm", "backends": [{"url": "http://127.0.0.1:1"}, {"url": "http://127.0.0.1:2"}]}
+                },
+                "routes": [{"model": "m", "pools": ["p"]}],
+                "health": health,
+                "retry": {"budget_min": 3, "budget_ratio": 0.2},
+            },
+            env={},
+        )
+    )
 
 
 def test_one_slow_health_check_does_not_eject() -> None:
@@ -54,10 +63,20 @@ def test_retry_budget_floor_and_ratio() -> None:
 
 
 def test_dns_discovery_adds_retires_and_drops_members() -> None:
-    reg = Registry(parse_config({
-        "pools": {"p": {"engine": "vllm", "backends": [
-            {"url": "http://engines.svc:8000/x", "discover": True, "api_key": "k"}]}},
-        "routes": [{"model": "m", "pools": ["p"]}]}, env={}))
+    reg = Registry(
+        parse_config(
+            {
+                "pools": {
+                    "p": {
+                        "engine": "vllm",
+                        "backends": [{"url": "http://engines.svc:8000/x", "discover": True, "api_key": "k"}],
+                    }
+                },
+                "routes": [{"model": "m", "pools": ["p"]}],
+            },
+            env={},
+        )
+    )
     assert reg.pools["p"] == [] and len(reg.discovered) == 1
     entry = reg.discovered[0]
     added, removed = reg.apply_discovery(entry, ["10.0.0.1", "10.0.0.2", "fd00::3"])
@@ -68,7 +87,7 @@ def test_dns_discovery_adds_retires_and_drops_members() -> None:
     reg.acquire(busy)
     added, removed = reg.apply_discovery(entry, ["10.0.0.1"])
     assert added == [] and {b.name for b in removed} == {"p-0-10.0.0.2", "p-0-fd00--3"}
-    assert "p-0-fd00--3" not in reg.by_name          # idle: gone at once
+    assert "p-0-fd00--3" not in reg.by_name  # idle: gone at once
     assert busy.retired and "p-0-10.0.0.2" in reg.by_name  # busy: stays until its request ends
     for b in reg:
         reg.record_check(b, True)

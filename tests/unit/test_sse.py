@@ -28,7 +28,7 @@ STREAM = ROLE + chunk("hé") + chunk("llo") + chunk(" wörld") + USAGE + DONE
 def feed_split(observer: StreamObserver, data: bytes, size: int) -> bytes:
     out = b""
     for i in range(0, len(data), size):
-        out += observer.feed(data[i:i + size], float(i))
+        out += observer.feed(data[i : i + size], float(i))
     return out + observer.flush()
 
 
