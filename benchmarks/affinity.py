@@ -48,8 +48,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout: the engine launcher lives in tests/
 
 from gateway.config import SharedPrefixConfig  # noqa: E402
-from gateway.kv import kv_spec_from_hf_config, load_hf_config  # noqa: E402
-from gateway.prefix import canonical_prompt  # noqa: E402
+from gateway.policy.kv import kv_spec_from_hf_config  # noqa: E402
+from gateway.policy.prefix import canonical_prompt  # noqa: E402
+from gateway.tools.hfconfig import load_hf_config  # noqa: E402
 from tests.engines import servers  # noqa: E402
 from tests.engines.tiny_vocab import CORPUS  # noqa: E402
 from tests.integration.gateway_harness import GatewayThread, engine_metric  # noqa: E402

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import timeit
 
-from gateway.caps import TokenEstimator, prompt_size
+from gateway.policy.caps import TokenEstimator, prompt_size
 
 
 def body(messages: int, tokens: int) -> dict[str, object]:

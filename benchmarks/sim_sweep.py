@@ -25,7 +25,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from engines.sim import SimParams, SimServer
+from engines.sim.server import SimParams, SimServer
 
 TARGETS = {1: (11.3, None), 32: (5.6, 179.9)}  # concurrency -> (per-request tok/s, aggregate tok/s)
 TOLERANCE = 0.10

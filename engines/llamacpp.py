@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from engines.base import LaunchSpec, TokenizeCall
-from engines.openai import Messages, TableAdapter
 from engines.promtext import LoadTable, Ratio
+from engines.table import Messages, TableAdapter
 
 LOAD = LoadTable(
     running=("llamacpp:requests_processing",),

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from engines.base import LaunchSpec
-from engines.openai import MessagesTokenizer, TableAdapter, cap_flag
 from engines.promtext import LoadTable, Ratio
+from engines.table import MessagesTokenizer, TableAdapter, cap_flag
 
 # Releases differ: "sglang:" like vLLM, or "sglang_" (the plain Prometheus style).
 _PREFIXES = ("sglang:", "sglang_")

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from engines.base import LaunchSpec
-from engines.openai import MessagesTokenizer, TableAdapter, cap_flag
 from engines.promtext import LoadTable, Ratio
+from engines.table import MessagesTokenizer, TableAdapter, cap_flag
 
 LOAD = LoadTable(
     running=("vllm:num_requests_running",),

@@ -14,18 +14,18 @@ from starlette.exceptions import HTTPException
 from starlette.types import Receive, Scope, Send
 
 from gateway.config import GatewayConfig
-from gateway.enforcer import CapEnforcer
-from gateway.handler import CompletionEndpoint
-from gateway.health import HealthChecker
+from gateway.fleet.health import HealthChecker
+from gateway.fleet.registry import Registry
+from gateway.fleet.scraper import LoadScraper
 from gateway.hostinfo import resolve_platform
-from gateway.lifecycle import Lifecycle
 from gateway.metrics import GatewayMetrics
-from gateway.proxy import Proxy
-from gateway.registry import Registry
-from gateway.router import Router
-from gateway.routes import Endpoints, http_exception
-from gateway.rules import Platform
-from gateway.scraper import LoadScraper
+from gateway.pipeline.endpoint import CompletionEndpoint
+from gateway.pipeline.enforcer import CapEnforcer
+from gateway.pipeline.proxy import Proxy
+from gateway.pipeline.router import Router
+from gateway.policy.rules import Platform
+from gateway.serving.lifecycle import Lifecycle
+from gateway.serving.routes import Endpoints, http_exception
 from gateway.upstream import UpstreamClient
 
 log = logging.getLogger(__name__)

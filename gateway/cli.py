@@ -9,8 +9,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from gateway import kvcommand
 from gateway.config import ConfigError, GatewayConfig, load_config
+from gateway.tools import kvcommand
 
 DEFAULT_CONFIG = "gateway.yaml"
 
@@ -26,7 +26,7 @@ def _load(path: str) -> GatewayConfig | None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from gateway.server import configure_logging, run, serve
+    from gateway.serving.server import configure_logging, run, serve
 
     config = _load(args.config)
     if config is None:
@@ -48,7 +48,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from gateway.plan import render_plan
+    from gateway.tools.plan import render_plan
 
     config = _load(args.config)
     if config is None:
@@ -58,7 +58,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from gateway.explain import explain
+    from gateway.tools.explain import explain
 
     config = _load(args.config)
     if config is None:
@@ -69,8 +69,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_sim(args: argparse.Namespace) -> int:
-    from engines.sim import SimParams, run_sim
-    from gateway.server import configure_logging, run
+    from engines.sim.server import SimParams, run_sim
+    from gateway.serving.server import configure_logging, run
 
     configure_logging(args.log_level)
     overrides = {"flavour": args.flavour, "model": args.model}
@@ -90,8 +90,8 @@ def cmd_sim(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from gateway.demo import run_demo
-    from gateway.server import configure_logging, run
+    from gateway.serving.server import configure_logging, run
+    from gateway.tools.demo import run_demo
 
     configure_logging(args.log_level)
     with contextlib.suppress(KeyboardInterrupt):

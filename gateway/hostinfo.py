@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable
 
 from gateway.config import PlatformName
-from gateway.rules import Platform
+from gateway.policy.rules import Platform
 
 NVIDIA_PATHS = ("/proc/driver/nvidia/version", "/dev/nvidia0")
 

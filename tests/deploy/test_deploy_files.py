@@ -13,7 +13,8 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
-from promql_sources import DASHBOARDS, DEPLOY, REPO, dashboard_panels, load_dashboard
+
+from tests.deploy.promql_sources import DASHBOARDS, DEPLOY, REPO, dashboard_panels, load_dashboard
 
 pytestmark = pytest.mark.unit
 

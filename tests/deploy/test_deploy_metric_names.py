@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 
 import pytest
-from promql_sources import (
+
+from tests.deploy.promql_sources import (
     DASHBOARDS,
     EXPECTED_METRICS,
     PROMETHEUS_SYNTHETIC,

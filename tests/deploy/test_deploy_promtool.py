@@ -7,7 +7,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from promql_sources import DEPLOY, require_binary, rule_files
+
+from tests.deploy.promql_sources import DEPLOY, require_binary, rule_files
 
 pytestmark = pytest.mark.unit
 

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import servers
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.engines import servers
 
 MODEL = servers.MODEL_NAME
 TOO_LONG_PROMPT = "the gateway routes every request " * 400  # > 1024 tokens for both tiny tokenizers

@@ -14,7 +14,7 @@ import httpx
 
 from gateway.app import Gateway
 from gateway.config import parse_config
-from gateway.server import GatewayServer, uvicorn_config
+from gateway.serving.server import GatewayServer, uvicorn_config
 
 
 class GatewayThread:

@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.caps import prompt_size
+from gateway.policy.caps import prompt_size
 from tests.integration.gateway_harness import GatewayThread, running_gateway
 
 SENTENCE = (

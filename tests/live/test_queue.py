@@ -47,7 +47,7 @@ async def test_backends_discovered_through_dns(make_stack: StackFactory) -> None
     stack = await make_stack()
     sim = stack.sims["vllm-0"]
     from gateway.config import parse_config
-    from gateway.server import start
+    from gateway.serving.server import start
 
     config = parse_config(
         {

@@ -6,7 +6,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from prometheus_server import PrometheusServer, start_prometheus
+
+from tests.prometheus.prometheus_server import PrometheusServer, start_prometheus
 
 
 @pytest.fixture

@@ -18,7 +18,8 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from prometheus_server import (
+
+from tests.prometheus.prometheus_server import (
     PrometheusServer,
     free_port,
     sources,
@@ -100,8 +101,8 @@ def _traffic(url: str, seconds: float) -> list[int]:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    pytest.importorskip("engines.sim")
-    pytest.importorskip("gateway.server")
+    pytest.importorskip("engines.sim.server")
+    pytest.importorskip("gateway.serving.server")
     sources.require_binary("prometheus")
     tmp = tmp_path_factory.mktemp("stack")
     processes: list[subprocess.Popen[bytes]] = []

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from prometheus_server import PrometheusServer, deploy_expressions
+
+from tests.prometheus.prometheus_server import PrometheusServer, deploy_expressions
 
 pytestmark = pytest.mark.prometheus
 

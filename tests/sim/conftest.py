@@ -8,9 +8,9 @@ from typing import Any
 
 import httpx
 import pytest
-from sim_helpers import SimFactory
 
-from engines.sim import SimParams, SimServer
+from engines.sim.server import SimParams, SimServer
+from tests.sim.sim_helpers import SimFactory
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from engines.sim import SimServer
+from engines.sim.server import SimServer
 
 # make_sim(flavour="vllm", preset="fast", **overrides) -> a started SimServer (see conftest.py)
 SimFactory = Callable[..., Awaitable[SimServer]]

@@ -9,7 +9,8 @@ import socket
 import struct
 
 import pytest
-from sim_helpers import CHAT_PATH, RawConn, SimFactory, chat_body
+
+from tests.sim.sim_helpers import CHAT_PATH, RawConn, SimFactory, chat_body
 
 pytestmark = pytest.mark.live
 

@@ -11,10 +11,10 @@ from collections.abc import Callable
 
 import httpx
 import pytest
-from sim_helpers import CHAT_PATH, RawConn, SimFactory, chat_body, content_of, sse_json, sse_payloads
 
-from engines.sim import SimServer
-from engines.sim_text import filler_text
+from engines.sim.server import SimServer
+from engines.sim.text import filler_text
+from tests.sim.sim_helpers import CHAT_PATH, RawConn, SimFactory, chat_body, content_of, sse_json, sse_payloads
 
 pytestmark = pytest.mark.live
 

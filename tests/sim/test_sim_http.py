@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from sim_helpers import CHAT_PATH, RawConn, SimFactory, chat_body, request_bytes, sse_json
+
+from tests.sim.sim_helpers import CHAT_PATH, RawConn, SimFactory, chat_body, request_bytes, sse_json
 
 pytestmark = pytest.mark.live
 

@@ -9,11 +9,11 @@ import statistics
 
 import pytest
 
-from engines.sim_cache import PrefixCache, block_hashes
-from engines.sim_engine import SimEngine
-from engines.sim_faults import Fault, FaultSpecError, parse_fault
-from engines.sim_model import BatchCore, SimParams, SimSequence
-from engines.sim_text import (
+from engines.sim.cache import PrefixCache, block_hashes
+from engines.sim.engine import SimEngine
+from engines.sim.faults import Fault, FaultSpecError, parse_fault
+from engines.sim.model import BatchCore, SimParams, SimSequence
+from engines.sim.text import (
     IM_END,
     IM_START,
     count_tokens,
@@ -22,7 +22,7 @@ from engines.sim_text import (
     render_chat,
     tokenize,
 )
-from engines.sim_whatif import WhatIfRequest, least_running, most_cached, run_whatif
+from engines.sim.whatif import WhatIfRequest, least_running, most_cached, run_whatif
 
 pytestmark = pytest.mark.unit
 

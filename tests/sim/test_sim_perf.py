@@ -11,9 +11,9 @@ from collections.abc import Callable
 
 import httpx
 import pytest
-from sim_helpers import CHAT_PATH, SimFactory, chat_body, metric
 
-from engines.sim import SimServer
+from engines.sim.server import SimServer
+from tests.sim.sim_helpers import CHAT_PATH, SimFactory, chat_body, metric
 
 pytestmark = pytest.mark.live
 

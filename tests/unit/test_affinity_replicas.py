@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from gateway.config import GatewayConfig, parse_config
-from gateway.inbound import parse_request
+from gateway.fleet.registry import Registry
 from gateway.metrics import GatewayMetrics
-from gateway.registry import Registry
-from gateway.router import Router
+from gateway.pipeline.router import Router
+from gateway.protocols.inbound import parse_request
 
 pytestmark = pytest.mark.unit
 

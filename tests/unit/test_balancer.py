@@ -10,7 +10,8 @@ from typing import Any, get_args
 import pytest
 
 from engines.base import EngineLoad
-from gateway.balancer import (
+from gateway.config import BackendConfig, BalancerKind, PoolConfig
+from gateway.policy.balancer import (
     BalanceKey,
     Candidate,
     FirstHealthy,
@@ -22,8 +23,7 @@ from gateway.balancer import (
     make_balancer,
     rendezvous,
 )
-from gateway.config import BackendConfig, BalancerKind, PoolConfig
-from gateway.prefix import fingerprint
+from gateway.policy.prefix import fingerprint
 
 pytestmark = pytest.mark.unit
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.exchange import Exchange
 from gateway.metrics import GatewayMetrics
-from gateway.sse import StreamObserver
+from gateway.pipeline.exchange import Exchange
+from gateway.protocols.sse import StreamObserver
 
 pytestmark = pytest.mark.unit
 

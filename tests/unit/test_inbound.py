@@ -7,7 +7,7 @@ import json
 import pytest
 
 from gateway.errors import InvalidRequest
-from gateway.inbound import parse_request
+from gateway.protocols.inbound import parse_request
 
 pytestmark = pytest.mark.unit
 

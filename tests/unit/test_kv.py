@@ -1,4 +1,4 @@
-"""gateway.kv: KV-cache bytes from published model shapes and hand-written HF config.json fixtures."""
+"""gateway.policy.kv: KV-cache bytes from published model shapes and hand-written HF config.json fixtures."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 
-from gateway import kv, kvcommand
+from gateway.policy import kv
+from gateway.tools import kvcommand
+from gateway.tools.hfconfig import load_hf_config
 
 pytestmark = pytest.mark.unit
 
@@ -20,7 +22,7 @@ K = 1024
 
 
 def config(name: str) -> dict[str, Any]:
-    return kv.load_hf_config(CONFIGS / name / "config.json")
+    return load_hf_config(CONFIGS / name / "config.json")
 
 
 # --- published figures -------------------------------------------------------------------------
@@ -267,15 +269,15 @@ def test_bad_configs_name_the_problem(cfg: dict[str, Any], message: str) -> None
 
 
 def test_load_hf_config(tmp_path: Path) -> None:
-    assert kv.load_hf_config(CONFIGS / "Meta-Llama-3-8B")["num_hidden_layers"] == 32  # a model directory
+    assert load_hf_config(CONFIGS / "Meta-Llama-3-8B")["num_hidden_layers"] == 32  # a model directory
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(ValueError, match="not valid JSON"):
-        kv.load_hf_config(tmp_path / "bad.json")
+        load_hf_config(tmp_path / "bad.json")
     (tmp_path / "list.json").write_text("[1, 2]")
     with pytest.raises(ValueError, match="JSON object"):
-        kv.load_hf_config(tmp_path / "list.json")
+        load_hf_config(tmp_path / "list.json")
     with pytest.raises(OSError):
-        kv.load_hf_config(tmp_path / "missing.json")
+        load_hf_config(tmp_path / "missing.json")
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in CONFIGS.iterdir() if p.is_dir()))

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from gateway.config import SharedPrefixConfig
-from gateway.prefix import PrefixTracker, canonical_prompt, fingerprint
+from gateway.policy.prefix import PrefixTracker, canonical_prompt, fingerprint
 
 pytestmark = pytest.mark.unit
 

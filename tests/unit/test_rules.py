@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from gateway.config import RouteConfig, RuleConfig, RuleWhen
-from gateway.rules import Decision, RequestFacts, matches, ordered_fallbacks, rule_label, select_pool
+from gateway.policy.rules import Decision, RequestFacts, matches, ordered_fallbacks, rule_label, select_pool
 
 pytestmark = pytest.mark.unit
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from gateway.sse import StreamObserver
+from gateway.protocols.sse import StreamObserver
 
 pytestmark = pytest.mark.unit
 

@@ -1,0 +1,1 @@
+"""The backends: membership, discovery, health and load."""

@@ -1,0 +1,106 @@
+"""Turn a routed request into a plan: the pool its route's rules pick (with fallback), and the
+pool's healthy backends in the balancer's order. Holds the routing memory (prefix tracker,
+balancers); the decisions themselves are the pure functions of rules.py and balancer.py."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from gateway.config import GatewayConfig, RouteConfig
+from gateway.fleet.registry import Backend, Registry
+from gateway.metrics import GatewayMetrics
+from gateway.policy.balancer import BalanceKey, Balancer, make_balancer
+from gateway.policy.prefix import PrefixTracker, canonical_prompt, conversation_anchor, fingerprint
+from gateway.policy.rules import Platform, RequestFacts, select_pool
+from gateway.protocols.inbound import InboundRequest
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    pool: str
+    rule: str
+    backends: list[Backend]
+    facts: RequestFacts
+    fingerprint: tuple[int, ...] = ()
+    key: BalanceKey | None = None
+    saturated: bool = False
+    """Healthy backends exist, but every one is at its max_in_flight: the request may queue."""
+
+
+class Router:
+    def __init__(self, config: GatewayConfig, registry: Registry, metrics: GatewayMetrics, platform: Platform) -> None:
+        self._config = config
+        self._registry = registry
+        self._metrics = metrics
+        self._platform = platform
+        self._tracker = PrefixTracker(config.routing.shared_prefix)
+        self._balancers: dict[str, Balancer] = {
+            name: make_balancer(pool.balancer, pool) for name, pool in config.pools.items()
+        }
+        self._needs_prefix = any(p.balancer == "prefix_affinity" for p in config.pools.values()) or any(
+            rule.when.shared_prefix is not None for r in config.routes for rule in r.rules
+        )
+
+    @property
+    def platform(self) -> Platform:
+        return self._platform
+
+    def facts(
+        self, route: RouteConfig, inbound: InboundRequest, headers: dict[str, str], prompt_tokens: int, now: float
+    ) -> tuple[RequestFacts, tuple[int, ...]]:
+        fp: tuple[int, ...] = ()
+        shared = False
+        if self._needs_prefix and inbound.kind != "embeddings":
+            fp = fingerprint(canonical_prompt(inbound.body), self._config.routing.shared_prefix.block_chars)
+            shared = self._tracker.observe(fp, now).shared
+        facts = RequestFacts(
+            model=inbound.model,
+            stream=inbound.stream,
+            has_tools=inbound.has_tools,
+            headers=headers,
+            prompt_tokens=prompt_tokens,
+            shared_prefix=shared,
+            platform=self._platform,
+        )
+        return facts, fp
+
+    def plan(
+        self, route: RouteConfig, inbound: InboundRequest, headers: dict[str, str], prompt_tokens: int = 0
+    ) -> Plan:
+        now = time.monotonic()
+        facts, fp = self.facts(route, inbound, headers, prompt_tokens, now)
+        decision = select_pool(route, facts, self._registry.pool_available)
+        if decision is None:
+            return Plan(pool=route.pools[0], rule="none", backends=[], facts=facts, fingerprint=fp)
+        self._metrics.child(self._metrics.route_decisions, route.label, decision.pool, decision.rule).inc()
+        session = headers.get(self._config.pools[decision.pool].session_header.lower()) or inbound.user
+        anchor = conversation_anchor(inbound.body, self._config.routing.shared_prefix.block_chars) if fp else None
+        key = BalanceKey(
+            fingerprint=fp,
+            session=session,
+            anchor=anchor.key if anchor else None,
+            anchor_block=anchor.block if anchor else 0,
+        )
+        backends, saturated = self.order(decision.pool, key, now)
+        return Plan(
+            pool=decision.pool,
+            rule=decision.rule,
+            backends=backends,
+            facts=facts,
+            fingerprint=fp,
+            key=key,
+            saturated=saturated,
+        )
+
+    def order(self, pool: str, key: BalanceKey, now: float | None = None) -> tuple[list[Backend], bool]:
+        """The pool's healthy backends with capacity, in the balancer's order; and whether some
+        healthy backend was left out only for being full."""
+        now = time.monotonic() if now is None else now
+        balancer = self._balancers[pool]
+        ordered = balancer.order(self._registry.candidates(pool, now), key)
+        by_name = self._registry.by_name
+        backends = [by_name[c.name] for c in ordered if self._registry.has_capacity(by_name[c.name])]
+        if backends:
+            balancer.learn(key.fingerprint, backends[0].name, now)
+        return backends, bool(ordered) and not backends

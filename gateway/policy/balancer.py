@@ -1,0 +1,238 @@
+"""Balancers: put a pool's healthy backends in preference order for one request (least_load,
+prefix_affinity, round_robin, session, first_healthy). Pure: state is in-object, time is passed in."""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from hashlib import blake2b
+from typing import Protocol
+
+from engines.base import EngineLoad
+from gateway.config import BalancerKind, PoolConfig
+
+WAITING_WEIGHT = 1.0
+"""least_load: a queued request costs this much on top of the one it already counts for."""
+KV_WEIGHT = 2.0
+"""least_load: a full KV cache weighs like this many requests (it will queue or preempt soon)."""
+SLOW_START_LOAD = 8.0
+"""A backend just back from an outage looks this many requests busier, falling linearly to none over
+health.slow_start_s: it gets a ramped share, not a full one at once (a cold cache, a warming engine)."""
+AFFINITY_MAX_ENTRIES = 65_536
+"""prefix_affinity: learned block hashes kept (log2(blocks) + 1 per request: ~10k recent prompts)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A healthy backend as the registry sees it now."""
+
+    name: str
+    in_flight: int
+    load: EngineLoad | None = None
+    load_fresh: bool = False
+    max_in_flight: int | None = None
+    ramp: float = 1.0
+    """Slow start: 0 just after re-admission, 1 once health.slow_start_s has passed."""
+
+
+@dataclass(frozen=True, slots=True)
+class BalanceKey:
+    """What a balancer may know about the request."""
+
+    fingerprint: tuple[int, ...] = ()
+    """The prompt's prefix fingerprint (gateway.policy.prefix.fingerprint); empty when not computed."""
+    session: str | None = None
+    """The session header's value, else the body's `user`; None when the request has neither."""
+    anchor: int | None = None
+    """A hash of the chat's first non-system message: the conversation's identity (prefix.Anchor)."""
+    anchor_block: int = 0
+    """The first fingerprint block past the shared head (system prompt and tools)."""
+
+
+class Balancer(Protocol):
+    def order(self, candidates: Sequence[Candidate], key: BalanceKey) -> list[Candidate]:
+        """All candidates, best first; the proxy takes the first and retries on the next."""
+        ...
+
+    def learn(self, fingerprint: tuple[int, ...], backend: str, now: float) -> None:
+        """Called with the backend a request was sent to; a no-op except for prefix_affinity."""
+        ...
+
+
+def candidate_load(c: Candidate) -> float:
+    """Requests on the backend: ours in flight or, when the scrape is fresh, what the engine reports
+    running and waiting if that is more. A max, not a sum: the engine's count already includes ours,
+    and summing would make a backend with a stale scrape look half as busy as a fresh one."""
+    ramp = SLOW_START_LOAD * (1.0 - c.ramp) if c.ramp < 1.0 else 0.0
+    if c.load_fresh and c.load is not None:
+        engine = (c.load.running or 0.0) + (c.load.waiting or 0.0)
+        return max(float(c.in_flight), engine) + ramp
+    return float(c.in_flight) + ramp
+
+
+def least_load_score(c: Candidate) -> float:
+    score = candidate_load(c)
+    if c.load_fresh and c.load is not None:
+        score += WAITING_WEIGHT * (c.load.waiting or 0.0) + KV_WEIGHT * (c.load.kv_usage or 0.0)
+    return score
+
+
+def _saturated_last(ordered: list[Candidate]) -> list[Candidate]:
+    """Backends at their `max_in_flight` keep their relative order but go after every other one."""
+    full = [c for c in ordered if c.max_in_flight is not None and c.in_flight >= c.max_in_flight]
+    if not full:
+        return ordered
+    return [c for c in ordered if not (c.max_in_flight is not None and c.in_flight >= c.max_in_flight)] + full
+
+
+def rendezvous(key: bytes, candidates: Sequence[Candidate]) -> list[Candidate]:
+    """Highest-random-weight order of candidates for `key`: every replica computes the same order, and
+    removing a backend only moves the keys it had."""
+    return sorted(
+        candidates,
+        key=lambda c: (blake2b(key + b"\x00" + c.name.encode(), digest_size=8).digest(), c.name),
+        reverse=True,
+    )
+
+
+class LeastLoad:
+    def order(self, candidates: Sequence[Candidate], key: BalanceKey) -> list[Candidate]:
+        return _saturated_last(sorted(candidates, key=lambda c: (least_load_score(c), c.name)))
+
+    def learn(self, fingerprint: tuple[int, ...], backend: str, now: float) -> None:
+        return None
+
+
+class RoundRobin:
+    def __init__(self) -> None:
+        self._next = 0
+
+    def order(self, candidates: Sequence[Candidate], key: BalanceKey) -> list[Candidate]:
+        if not candidates:
+            return []
+        start = self._next % len(candidates)
+        self._next += 1
+        return _saturated_last([*candidates[start:], *candidates[:start]])
+
+    def learn(self, fingerprint: tuple[int, ...], backend: str, now: float) -> None:
+        return None
+
+
+class Session:
+    """Sticky by session key (a header or the body's `user`); least_load for requests without one."""
+
+    def order(self, candidates: Sequence[Candidate], key: BalanceKey) -> list[Candidate]:
+        if key.session is None:
+            return LeastLoad().order(candidates, key)
+        return _saturated_last(rendezvous(key.session.encode("utf-8", "surrogatepass"), candidates))
+
+    def learn(self, fingerprint: tuple[int, ...], backend: str, now: float) -> None:
+        return None
+
+
+class FirstHealthy:
+    def order(self, candidates: Sequence[Candidate], key: BalanceKey) -> list[Candidate]:
+        return _saturated_last(list(candidates))
+
+    def learn(self, fingerprint: tuple[int, ...], backend: str, now: float) -> None:
+        return None
+
+
+class PrefixAffinity:
+    """The backend most likely to hold the prompt's prefix in its KV cache: the longest fingerprint
+    match learned from where earlier requests went, else a rendezvous hash of the first block (so cold
+    replicas agree). Bounded by load (consistent hashing with bounded loads): a favourite that would go
+    past ceil((1+epsilon) x the mean load after this request) yields to the least-loaded backend.
+
+    Why the least-loaded and not the next rendezvous choice: with one hot prefix (an agent's system
+    prompt), walking the rendezvous order fills n/(1+epsilon) backends to the bound and leaves the rest
+    idle (1 of 8 at epsilon 0.25), for the same worst case and no better prefix reuse."""
+
+    def __init__(self, epsilon: float, max_entries: int = AFFINITY_MAX_ENTRIES, slack: int = 0) -> None:
+        self._epsilon = epsilon
+        self._slack = slack
+        self._max_entries = max_entries
+        self._table: OrderedDict[int, tuple[str, int]] = OrderedDict()
+        """block hash -> (backend, the block's index in the fingerprint)"""
+        self._favourite: tuple[tuple[int, ...], str] | None = None
+        """The last order()'s fingerprint and favourite when that came from a learned match, so
+        learn() can tell a spill away from a conversation's home."""
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    def order(self, candidates: Sequence[Candidate], key: BalanceKey) -> list[Candidate]:
+        fp = key.fingerprint
+        self._favourite = None
+        if not fp or not candidates:
+            return LeastLoad().order(candidates, key)
+        # A conversation's identity is its first non-system message, not block 0: agents share a
+        # long system prompt and tools, and hashing those would send every conversation to one place.
+        seed = key.anchor if key.anchor is not None else fp[0]
+        preferred = rendezvous(seed.to_bytes(8, "big"), candidates)
+        learned = self._lookup(fp, {c.name for c in candidates}, key.anchor_block)
+        if learned is not None:
+            preferred.sort(key=lambda c: c.name != learned)  # stable: the rest keep rendezvous order
+        loads = {c.name: candidate_load(c) for c in preferred}
+        mean_after = (sum(loads.values()) + 1.0) / len(loads)
+        capacity = max(math.ceil((1.0 + self._epsilon) * mean_after), mean_after + self._slack)
+        favourite = preferred[0]
+        # Retries and spills go to the least loaded; equal loads keep the preference order (stable).
+        if loads[favourite.name] + 1.0 <= capacity:
+            ordered = [favourite, *sorted(preferred[1:], key=lambda c: loads[c.name])]
+        else:
+            ordered = sorted(preferred, key=lambda c: loads[c.name])
+        if learned is not None:
+            self._favourite = (fp, favourite.name)
+        return _saturated_last(ordered)
+
+    def learn(self, fingerprint: tuple[int, ...], backend: str, now: float) -> None:
+        """Remember `backend` for the request's last block and for blocks 1, 2, 4, 8... so a later
+        request finds its longest shared prefix to within a factor of two, at ~log2(n) entries per
+        request. LRU-bounded, not timed: a stale entry is no worse than the rendezvous guess.
+
+        A request that spilled under load away from where its conversation was learned to be is not
+        learned: that cache stays where it was, and re-homing on every spill made conversations drift.
+        (A first turn that spilled off its cold-start choice is learned where it ran.)"""
+        n = len(fingerprint)
+        if not n:
+            return
+        if self._favourite is not None and self._favourite[0] is fingerprint and self._favourite[1] != backend:
+            return
+        table = self._table
+        index = 0
+        while index < n - 1:
+            table[fingerprint[index]] = (backend, index)
+            table.move_to_end(fingerprint[index])
+            index = 2 * index + 1
+        table[fingerprint[-1]] = (backend, n - 1)
+        table.move_to_end(fingerprint[-1])
+        while len(table) > self._max_entries:
+            table.popitem(last=False)
+
+    def _lookup(self, fp: tuple[int, ...], names: set[str], floor: int = 0) -> str | None:
+        """The backend learned for the longest prefix of `fp`, among `names`; only a match that
+        reaches block `floor` (into the conversation's own text) counts as the same conversation."""
+        table = self._table
+        best, best_index = None, floor - 1
+        for h in table.keys() & fp:  # one C-level pass over the fingerprint
+            name, index = table[h]
+            if index > best_index and index < len(fp) and fp[index] == h and name in names:
+                best, best_index = name, index
+        return best
+
+
+def make_balancer(kind: BalancerKind, pool: PoolConfig) -> Balancer:
+    if kind == "least_load":
+        return LeastLoad()
+    if kind == "prefix_affinity":
+        return PrefixAffinity(pool.affinity_epsilon, slack=pool.affinity_slack)
+    if kind == "round_robin":
+        return RoundRobin()
+    if kind == "session":
+        return Session()
+    if kind == "first_healthy":
+        return FirstHealthy()
+    raise ValueError(f"unknown balancer {kind!r}")

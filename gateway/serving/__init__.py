@@ -1,0 +1,1 @@
+"""The HTTP server around the app: uvicorn, its protocol, the drain lifecycle, and the small endpoints."""

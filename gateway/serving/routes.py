@@ -1,0 +1,95 @@
+"""The gateway's HTTP surface: thin Starlette endpoints for models, health, readiness and
+metrics, the raw-ASGI completion endpoints, and OpenAI-shaped 404/405 bodies."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from gateway.auth import ClientAuth
+from gateway.config import GatewayConfig
+from gateway.errors import GatewayError, MethodNotAllowed, NotFound
+from gateway.fleet.registry import Registry
+from gateway.fleet.scraper import LoadScraper
+from gateway.metrics import GatewayMetrics
+from gateway.pipeline.endpoint import CompletionEndpoint
+from gateway.serving.lifecycle import Lifecycle
+
+
+def error_response(err: GatewayError) -> Response:
+    return Response(err.body_bytes(), status_code=err.status_code, media_type="application/json", headers=err.headers())
+
+
+class Endpoints:
+    def __init__(
+        self,
+        config: GatewayConfig,
+        registry: Registry,
+        metrics: GatewayMetrics,
+        scraper: LoadScraper,
+        lifecycle: Lifecycle,
+    ) -> None:
+        self._config = config
+        self._lifecycle = lifecycle
+        self._auth = ClientAuth([k.get_secret_value() for k in config.server.api_keys])
+        self._registry = registry
+        self._metrics = metrics
+        self._scraper = scraper
+        self._created = int(time.time())
+
+    async def models(self, request: Request) -> Response:
+        try:
+            self._auth.check(request.headers.get("authorization"))
+        except GatewayError as err:
+            return error_response(err)
+        data = [
+            {"id": r.model, "object": "model", "created": self._created, "owned_by": "gateway"}
+            for r in self._config.routes
+            if not r.is_glob
+        ]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def healthz(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def readyz(self, request: Request) -> Response:
+        healthy = [b.name for b in self._registry if b.healthy]
+        ready = bool(healthy) and not self._lifecycle.draining
+        return JSONResponse(
+            {
+                "ready": ready,
+                "draining": self._lifecycle.draining,
+                "healthy_backends": len(healthy),
+                "backends": len(self._registry.by_name),
+            },
+            status_code=200 if ready else 503,
+        )
+
+    async def metrics(self, request: Request) -> Response:
+        self._scraper.export_ages()
+        return Response(generate_latest(self._metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    def routes(self, completions: list[CompletionEndpoint]) -> list[BaseRoute]:
+        out: list[BaseRoute] = [Route(e.path, e, methods=["POST"]) for e in completions]
+        out += [
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/healthz", self.healthz, methods=["GET"]),
+            Route("/readyz", self.readyz, methods=["GET"]),
+            Route("/metrics", self.metrics, methods=["GET"]),
+        ]
+        return out
+
+
+async def http_exception(request: Request, exc: Any) -> Response:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 405:
+        return error_response(MethodNotAllowed(f"Method {request.method} is not allowed on {request.url.path}."))
+    if exc.status_code == 404:
+        return error_response(NotFound(f"No such endpoint: {request.url.path}."))
+    return error_response(GatewayError(str(exc.detail), status=exc.status_code))

@@ -1,0 +1,1 @@
+"""Offline commands: plan, kv, explain, demo."""
