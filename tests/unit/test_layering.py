@@ -1,5 +1,6 @@
-"""The import layering of docs/design.md: engines/ never imports gateway/, and the pure policy
-modules import nothing that does I/O (no sockets, clients, servers, logging or asyncio)."""
+"""The import layering of docs/design.md, as folder rules: everything under gateway/policy/ is pure
+(no I/O, logging, awaits or clock reads), engines/ never imports gateway/, and the simulator
+(engines/sim/) imports neither gateway/ nor the engine adapters."""
 
 from __future__ import annotations
 
@@ -11,17 +12,6 @@ import pytest
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[2]
-PURE = [
-    "gateway/prefix.py",
-    "gateway/rules.py",
-    "gateway/balancer.py",
-    "gateway/caps.py",
-    "gateway/kv.py",
-    "gateway/inbound.py",
-    "gateway/sse.py",
-    "gateway/errors.py",
-    "gateway/config.py",
-]
 IO_MODULES = {
     "asyncio",
     "aiohttp",
@@ -35,7 +25,17 @@ IO_MODULES = {
     "urllib.request",
     "prometheus_client",
     "time",
+    "datetime",
+    "os",
+    "random",
+    "threading",
 }
+# Modules outside policy/ that policy may import: leaves that are pure themselves.
+POLICY_MAY_IMPORT = {"gateway.config", "gateway.errors", "engines.base"}
+
+
+def _files(folder: str) -> list[str]:
+    return sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / folder).rglob("*.py"))
 
 
 def imports(path: Path) -> set[str]:
@@ -46,22 +46,47 @@ def imports(path: Path) -> set[str]:
             out.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module:
             out.add(node.module)
+            out.update(f"{node.module}.{alias.name}" for alias in node.names)
     return out
 
 
-@pytest.mark.parametrize("path", sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "engines").glob("*.py")))
+def _awaits(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    bad = (ast.Await, ast.AsyncFunctionDef, ast.AsyncFor, ast.AsyncWith)
+    return [type(node).__name__ for node in ast.walk(tree) if isinstance(node, bad)]
+
+
+@pytest.mark.parametrize("path", _files("engines"))
 def test_engines_never_import_gateway(path: str) -> None:
     bad = {m for m in imports(ROOT / path) if m == "gateway" or m.startswith("gateway.")}
     assert not bad, f"{path} imports {bad}"
 
 
-@pytest.mark.parametrize("path", PURE)
-def test_pure_modules_do_no_io(path: str) -> None:
+@pytest.mark.parametrize("path", _files("engines/sim"))
+def test_simulator_imports_only_itself(path: str) -> None:
+    """The simulator is the independent check on the adapters: it must not share their code."""
+    ours = {m for m in imports(ROOT / path) if m.split(".")[0] in ("gateway", "engines")}
+    bad = {m for m in ours if not (m == "engines.sim" or m.startswith("engines.sim."))}
+    assert not bad, f"{path} imports {bad}"
+
+
+@pytest.mark.parametrize("path", _files("gateway/policy"))
+def test_policy_is_pure(path: str) -> None:
     found = {m for m in imports(ROOT / path) if m in IO_MODULES or m.split(".")[0] in IO_MODULES}
     assert not found, f"{path} imports {found}"
+    assert not _awaits(ROOT / path), f"{path} awaits"
+    ours = {m for m in imports(ROOT / path) if m.split(".")[0] in ("gateway", "engines")}
+    outside = {
+        m
+        for m in ours
+        if not m.startswith("gateway.policy")
+        and m not in POLICY_MAY_IMPORT
+        and not any(m.startswith(ok + ".") for ok in POLICY_MAY_IMPORT)
+    }
+    assert not outside, f"{path} imports {outside} from outside policy/"
 
 
 def test_one_composition_root() -> None:
     """Only app.py builds the long-lived objects; no module keeps a mutable global registry."""
-    builders = [p for p in (ROOT / "gateway").glob("*.py") if "GatewayMetrics()" in p.read_text()]
-    assert {p.name for p in builders} <= {"app.py", "explain.py"}
+    builders = [p for p in (ROOT / "gateway").rglob("*.py") if "GatewayMetrics()" in p.read_text()]
+    assert {p.relative_to(ROOT / "gateway").as_posix() for p in builders} <= {"app.py", "tools/explain.py"}
