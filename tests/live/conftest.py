@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 import uvicorn
 
-from engines.sim import SimParams, SimServer
+from engines.sim.server import SimParams, SimServer
 from gateway.app import Gateway
 from gateway.config import parse_config
-from gateway.server import start
+from gateway.serving.server import start
 
 
 @dataclass
@@ -49,7 +49,7 @@ class Stack:
 
 
 def sim_params(flavour: str = "vllm", **overrides: Any) -> SimParams:
-    return SimParams.preset("fast", flavour=flavour, **overrides)  # type: ignore[arg-type]
+    return SimParams.preset("fast", flavour=flavour, **overrides)
 
 
 StackFactory = Callable[..., Awaitable[Stack]]
@@ -109,7 +109,7 @@ async def make_stack() -> AsyncIterator[StackFactory]:
 
 
 async def check_invariants(stack: Stack) -> None:
-    """RELIABILITY 4.0: in-flight back to 0, engines idle (abandoned work aborted), one outcome per
+    """docs/reliability.md 4.0: in-flight back to 0, engines idle (abandoned work aborted), one outcome per
     request, and no unbounded label values."""
     async with asyncio.timeout(2):
         while any(v != 0 for _, v in stack.samples("gateway_requests_in_flight")):

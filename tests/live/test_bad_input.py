@@ -1,11 +1,12 @@
 """Bad input over real HTTP: OpenAI-shaped errors with the right status, nothing reaches a
-backend, and no client string becomes a metric label (RELIABILITY 4.3, invariant 0.4)."""
+backend, and no client string becomes a metric label (docs/reliability.md 4.3 and invariant 0.4)."""
 
 from __future__ import annotations
 
 import asyncio
 import random
 import string
+from collections.abc import AsyncIterator
 
 import httpx
 import pytest
@@ -42,7 +43,7 @@ async def test_body_too_large_is_413(make_stack: StackFactory) -> None:
     async with httpx.AsyncClient() as client:
         shaped(await client.post(url, json=chat(content="x" * 5000)), 413)
 
-        async def chunks():  # type: ignore[no-untyped-def]
+        async def chunks() -> AsyncIterator[bytes]:
             for _ in range(100):
                 yield b"x" * 1000
 
@@ -124,7 +125,7 @@ async def test_ten_thousand_random_models_add_no_series(make_stack: StackFactory
 
 
 async def test_slowloris_is_cut_at_the_request_deadline(make_stack: StackFactory) -> None:
-    """RELIABILITY 52: a client that sends its headers a byte at a time loses its connection at
+    """docs/reliability.md item 52: a client that sends its headers a byte at a time loses its connection at
     server.request_timeout_s, while a normal client is served meanwhile."""
     stack = await make_stack(server={"request_timeout_s": 1.0})
     host, port = stack.base_url.removeprefix("http://").split(":")

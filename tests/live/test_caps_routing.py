@@ -4,6 +4,8 @@ and workload rules send traffic to the right pool with headers that say why."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 import openai
 import pytest
@@ -12,7 +14,7 @@ from tests.live.conftest import StackFactory, chat, sim_params
 
 pytestmark = pytest.mark.live
 
-CAPPED = [
+CAPPED: list[dict[str, Any]] = [
     {
         "model": "tiny",
         "pools": ["vllm"],

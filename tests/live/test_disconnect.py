@@ -1,4 +1,4 @@
-"""A client that leaves at any stage stops the engine's work for it (RELIABILITY 23-27)."""
+"""A client that leaves at any stage stops the engine's work for it (docs/reliability.md items 23-27)."""
 
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ async def test_leave_before_the_body_is_sent(make_stack: StackFactory) -> None:
 
 
 async def test_many_random_disconnects_leave_nothing_behind(make_stack: StackFactory) -> None:
-    """RELIABILITY 29 in small: every engine-seen abort is a gateway client_closed, and a burst
+    """docs/reliability.md item 29 in small: every engine-seen abort is a gateway client_closed, and a burst
     afterwards still succeeds (no leaked connection slots)."""
     stack = await make_stack()
 
@@ -102,7 +102,7 @@ async def test_many_random_disconnects_leave_nothing_behind(make_stack: StackFac
 
 
 async def test_client_that_stops_reading_is_cut_and_the_engine_freed(make_stack: StackFactory) -> None:
-    """RELIABILITY 28/53: a client that keeps its socket open but stops reading. The gateway's
+    """docs/reliability.md items 28/53: a client that keeps its socket open but stops reading. The gateway's
     writes back up, the idle limit fires, the upstream request is aborted, and the task ends."""
     import socket
 

@@ -1,4 +1,4 @@
-"""SIGTERM during active streams (RELIABILITY 21): readiness fails at once, streams that finish
+"""SIGTERM during active streams (docs/reliability.md item 21): readiness fails at once, streams that finish
 within the drain timeout finish, the rest get one error event and their upstream is aborted, and
 the server exits within drain + 5 s."""
 

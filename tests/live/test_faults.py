@@ -1,4 +1,4 @@
-"""Backend faults (RELIABILITY 4.1), injected with the simulator's x-sim-fault knobs."""
+"""Backend faults (docs/reliability.md 4.1), injected with the simulator's x-sim-fault knobs."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """A slow first token (long prefill) must not be timed out, and the client gets SSE comment
-keep-alives meanwhile, so idle-timeout proxies in front do not cut it (RELIABILITY 4)."""
+keep-alives meanwhile, so idle-timeout proxies in front do not cut it (docs/reliability.md item 4)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Config reload (RELIABILITY 20): a new gateway is swapped in while streams in flight finish on
+"""Config reload (docs/reliability.md item 20): a new gateway is swapped in while streams in flight finish on
 the old one; SIGHUP re-reads the file, and an invalid file keeps the running config."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engines.sim import SimServer
+from engines.sim.server import SimServer
 from gateway.app import GatewayApp
 from gateway.config import parse_config
 from tests.live.conftest import StackFactory, chat, sim_params, sse_events

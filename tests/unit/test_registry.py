@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.config import parse_config
-from gateway.registry import Registry
+from gateway.fleet.registry import Registry
 
 pytestmark = pytest.mark.unit
 
@@ -99,9 +99,9 @@ def test_dns_discovery_adds_retires_and_drops_members() -> None:
 
 
 def test_a_readmitted_backend_ramps_up() -> None:
-    """RELIABILITY 17: back from an outage, a backend gets a ramped share (slow start), not a full
+    """docs/reliability.md item 17: back from an outage, a backend gets a ramped share (slow start), not a full
     one at once; the first admission at start-up does not ramp."""
-    from gateway.balancer import BalanceKey, LeastLoad
+    from gateway.policy.balancer import BalanceKey, LeastLoad
 
     reg = registry(slow_start_s=30.0, failed_checks=1)
     a, b = reg.by_name["p-0"], reg.by_name["p-1"]
