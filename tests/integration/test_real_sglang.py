@@ -105,7 +105,7 @@ def test_over_long_prompt_is_context_length_exceeded(client: openai.OpenAI, mode
             model=model, messages=[{"role": "user", "content": TOO_LONG}], max_tokens=4, stream=stream
         )
         if stream:
-            list(r)  # type: ignore[call-overload]
+            list(r)
     assert info.value.status_code == 400
     assert info.value.code == "context_length_exceeded"
     assert info.value.type == "invalid_request_error"

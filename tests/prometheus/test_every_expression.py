@@ -37,7 +37,8 @@ from typing import Any
 
 import httpx
 import pytest
-from prometheus_server import PrometheusServer, sources, start_prometheus
+
+from tests.prometheus.prometheus_server import PrometheusServer, sources, start_prometheus
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.live]
 
@@ -114,9 +115,9 @@ def _gateway_config(urls: dict[str, str]) -> dict[str, Any]:
 
 @asynccontextmanager
 async def _stack(tmp: Path) -> AsyncIterator[Stack]:
-    from engines.sim import SimParams, SimServer
+    from engines.sim.server import SimParams, SimServer
     from gateway.config import parse_config
-    from gateway.server import start
+    from gateway.serving.server import start
 
     def sim(flavour: str = "vllm", **extra: Any) -> SimServer:
         # 5 ms a token at batch 1: a 12-token answer streams for ~60-100 ms.
@@ -124,7 +125,7 @@ async def _stack(tmp: Path) -> AsyncIterator[Stack]:
             SimParams.preset(
                 "fast",
                 flavour=flavour,
-                base_step_s=0.005,  # type: ignore[arg-type]
+                base_step_s=0.005,
                 per_seq_step_s=0.0005,
                 **extra,
             )
@@ -318,9 +319,9 @@ def condition_operand(expr: str) -> str:
     out = []
     for i, part in enumerate(parts):
         if i % 2 == 0:
-            m = _COMPARISON.search(part)
-            if m and _top_level(part, m.start(1)):
-                part = part[: m.start()]
+            cmp = _COMPARISON.search(part)
+            if cmp and _top_level(part, cmp.start(1)):
+                part = part[: cmp.start()]
         out.append(part.strip())
     return " ".join(out)
 

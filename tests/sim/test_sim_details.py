@@ -9,10 +9,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from sim_helpers import CHAT_PATH, SimFactory, chat_body, metric
 
-from engines.sim_metrics import exposition
-from engines.sim_model import BatchCore, SimParams, SimSequence
+from engines.sim.metrics import exposition
+from engines.sim.model import BatchCore, SimParams, SimSequence
+from tests.sim.sim_helpers import CHAT_PATH, SimFactory, chat_body, metric
 
 pytestmark = pytest.mark.live
 
@@ -35,10 +35,10 @@ def test_latency_histograms_in_model_time() -> None:
     run(core)
     lat = core.counters.latency
     # a: first token at 0.01 s, done at 0.03 s; b: admitted at 0.03 s, first token 0.04 s, done 0.05 s.
-    assert (lat.ttft.count, lat.ttft.sum) == (2, pytest.approx(0.01 + 0.04))
-    assert (lat.inter_token.count, lat.inter_token.sum) == (3, pytest.approx(0.03))
-    assert (lat.e2e.count, lat.e2e.sum) == (2, pytest.approx(0.03 + 0.05))
-    assert (lat.queue.count, lat.queue.sum) == (2, pytest.approx(0.03))
+    assert lat.ttft.count == 2 and lat.ttft.sum == pytest.approx(0.01 + 0.04)
+    assert lat.inter_token.count == 3 and lat.inter_token.sum == pytest.approx(0.03)
+    assert lat.e2e.count == 2 and lat.e2e.sum == pytest.approx(0.03 + 0.05)
+    assert lat.queue.count == 2 and lat.queue.sum == pytest.approx(0.03)
     assert core.clock == pytest.approx(0.05)
 
     # An aborted request that got its first token counts in TTFT only, as in vLLM.

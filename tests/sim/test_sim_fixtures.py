@@ -15,16 +15,17 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import httpx
 import pytest
-from sim_helpers import CHAT_PATH, SimFactory, chat_body, metric_names, sse_payloads
 
 from engines import llamacpp, vllm
 from engines.promtext import LoadTable
-from engines.sim import SimServer
+from engines.sim.server import SimServer
+from tests.sim.sim_helpers import CHAT_PATH, SimFactory, chat_body, metric_names, sse_payloads
 
 pytestmark = pytest.mark.live
 
@@ -187,7 +188,7 @@ def families(text: str) -> dict[str, Family]:
     return {n: Family(t, helps.get(n, ""), frozenset(labels.get(n, ()))) for n, t in types.items()}
 
 
-def relied_on(flavour: str, recorded: dict[str, Family]) -> set[str]:
+def relied_on(flavour: str, recorded: dict[str, Family]) -> AbstractSet[str]:
     """The adapter table's names that this engine version sends, plus ENGINES.md's names. Fails when a load
     signal the table reads has none of its names (current or fallback) in the recording."""
     table = ADAPTER_TABLES[flavour]

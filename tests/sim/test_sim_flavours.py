@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from typing import Any
 
 import httpx
 import pytest
-from sim_helpers import CHAT_PATH, SimFactory, chat_body, content_of, metric, metric_names, sse_json
 
-from engines.sim import SimServer
-from engines.sim_text import filler_text
+from engines.sim.server import SimServer
+from engines.sim.text import filler_text
+from tests.sim.sim_helpers import CHAT_PATH, SimFactory, chat_body, content_of, metric, metric_names, sse_json
 
 pytestmark = pytest.mark.live
 
@@ -261,7 +262,8 @@ async def test_embeddings(make_sim: SimFactory, client: Client) -> None:
     assert r["usage"] == {"prompt_tokens": 2, "total_tokens": 2}
     ids = (await client(sim).post("/v1/embeddings", json={"input": [[1, 2, 3], [4]]})).json()
     assert len(ids["data"]) == 2 and ids["usage"]["prompt_tokens"] == 4
-    for bad in ({"model": "tiny"}, {"input": 5}, {"input": [{"a": 1}]}, {"input": []}):
+    bads: list[dict[str, Any]] = [{"model": "tiny"}, {"input": 5}, {"input": [{"a": 1}]}, {"input": []}]
+    for bad in bads:
         assert (await client(sim).post("/v1/embeddings", json=bad)).status_code == 400
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from gateway.caps import TokenEstimator, decide, prompt_size, truncate_oldest
 from gateway.config import CapsConfig
+from gateway.policy.caps import TokenEstimator, decide, prompt_size, truncate_oldest
 
 pytestmark = pytest.mark.unit
 
@@ -58,7 +60,7 @@ def test_truncate_impossible() -> None:
 
 
 def test_truncate_never_orphans_a_tool_result() -> None:
-    m = [
+    m: list[dict[str, Any]] = [
         {"role": "system", "content": "s"},
         {"role": "assistant", "content": "", "tool_calls": [{}]},
         {"role": "tool", "content": "r"},
