@@ -11,19 +11,24 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.types import Receive, Scope, Send
 
+from gateway.asgi import Receive, Scope, Send
+from gateway.auth import ClientAuth
 from gateway.config import GatewayConfig
 from gateway.fleet.health import HealthChecker
 from gateway.fleet.registry import Registry
 from gateway.fleet.scraper import LoadScraper
 from gateway.hostinfo import resolve_platform
 from gateway.metrics import GatewayMetrics
+from gateway.pipeline.accounting import Accounting
+from gateway.pipeline.admission import Admission
+from gateway.pipeline.attempts import Attempts
 from gateway.pipeline.endpoint import CompletionEndpoint
 from gateway.pipeline.enforcer import CapEnforcer
-from gateway.pipeline.proxy import Proxy
+from gateway.pipeline.relay import Relay
 from gateway.pipeline.router import Router
 from gateway.policy.rules import Platform
+from gateway.protocols.catalog import PROTOCOLS
 from gateway.serving.lifecycle import Lifecycle
 from gateway.serving.routes import Endpoints, http_exception
 from gateway.upstream import UpstreamClient
@@ -41,7 +46,11 @@ class Gateway:
     upstream: UpstreamClient
     router: Router
     caps: CapEnforcer
-    proxy: Proxy
+    auth: ClientAuth
+    accounting: Accounting
+    admission: Admission
+    relay: Relay
+    attempts: Attempts
     health: HealthChecker
     scraper: LoadScraper
     lifecycle: Lifecycle
@@ -57,22 +66,22 @@ def build(
     registry = Registry(config)
     upstream = UpstreamClient(config.timeouts)
     resolved = platform or resolve_platform(config.routing.platform)
+    router = Router(config, registry, metrics, resolved)
+    accounting = Accounting(metrics)
+    timeouts = config.timeouts
+    relay = Relay(metrics, accounting, timeouts.idle_s, timeouts.keepalive_s, timeouts.first_byte_s)
     return Gateway(
         config=config,
         metrics=metrics,
         registry=registry,
         upstream=upstream,
-        router=Router(config, registry, metrics, resolved),
+        router=router,
         caps=CapEnforcer(upstream, metrics),
-        proxy=Proxy(
-            registry,
-            upstream,
-            metrics,
-            max_attempts=config.retry.max_attempts,
-            idle_s=config.timeouts.idle_s,
-            keepalive_s=config.timeouts.keepalive_s,
-            first_byte_s=config.timeouts.first_byte_s,
-        ),
+        auth=ClientAuth([k.get_secret_value() for k in config.server.api_keys]),
+        accounting=accounting,
+        admission=Admission(registry, router, config.limits, metrics),
+        relay=relay,
+        attempts=Attempts(registry, upstream, router, relay, metrics, accounting, config.retry.max_attempts),
         health=HealthChecker(registry, upstream, metrics, config.health),
         scraper=LoadScraper(registry, upstream, metrics, config.health),
         lifecycle=lifecycle or Lifecycle(),
@@ -91,10 +100,21 @@ class _Served:
 
 def _assemble(gw: Gateway) -> _Served:
     endpoints = [
-        CompletionEndpoint(kind, gw.config, gw.registry, gw.router, gw.caps, gw.proxy, gw.metrics, gw.lifecycle)
-        for kind in ("chat", "completions", "embeddings")
+        CompletionEndpoint(
+            protocol,
+            gw.config,
+            gw.auth,
+            gw.router,
+            gw.caps,
+            gw.admission,
+            gw.attempts,
+            gw.relay,
+            gw.accounting,
+            gw.lifecycle,
+        )
+        for protocol in PROTOCOLS.values()
     ]
-    routes = Endpoints(gw.config, gw.registry, gw.metrics, gw.scraper, gw.lifecycle).routes(endpoints)
+    routes = Endpoints(gw.config, gw.auth, gw.registry, gw.metrics, gw.scraper, gw.lifecycle).routes(endpoints)
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_exception})
     app.state.gateway = gw
     return _Served(gw, app, {e.path: e for e in endpoints}, [])

@@ -59,6 +59,53 @@ def translate(exc: BaseException, what: str) -> GatewayError:
     return UpstreamError(f"Backend {what} failed: {type(exc).__name__}.")
 
 
+class UpstreamResponse:
+    """An upstream answer whose reads raise only GatewayErrors: aiohttp's exceptions are mapped
+    here, inside the stream's reads too (httpx's map_httpcore_exceptions pattern)."""
+
+    __slots__ = ("_content", "_resp", "_what", "headers", "status")
+
+    def __init__(self, resp: aiohttp.ClientResponse, what: str) -> None:
+        self._resp = resp
+        self._content = resp.content
+        self._what = what
+        self.status = resp.status
+        self.headers: Mapping[str, str] = resp.headers
+
+    async def read(self, limit: float) -> bytes:
+        """The whole body, within `limit` seconds."""
+        try:
+            async with asyncio.timeout(limit):
+                return await self._resp.read()
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            self._resp.close()
+            raise translate(exc, self._what) from None
+
+    async def read_error(self, max_bytes: int) -> bytes:
+        """Up to `max_bytes` of an error body (empty when even that fails); the connection is closed."""
+        try:
+            return await self._content.read(max_bytes)
+        except (aiohttp.ClientError, OSError):
+            return b""
+        finally:
+            self._resp.close()
+
+    async def readany(self) -> bytes:
+        """The next chunk of a stream; b"" at its end."""
+        try:
+            return await self._content.readany()
+        except (aiohttp.ClientError, OSError) as exc:
+            raise translate(exc, self._what) from None
+
+    def release(self) -> None:
+        """Done with a complete answer: the connection goes back to the pool."""
+        self._resp.release()
+
+    def close(self) -> None:
+        """Abandon it: closing (not releasing) the connection makes the engine stop work."""
+        self._resp.close()
+
+
 class UpstreamClient:
     """Owns the aiohttp session for the app's lifetime (created and closed in lifespan)."""
 
@@ -98,14 +145,15 @@ class UpstreamClient:
 
     async def post(
         self, url: str, body: bytes, headers: Mapping[str, str], what: str, first_byte_s: float | None = None
-    ) -> aiohttp.ClientResponse:
+    ) -> UpstreamResponse:
         """Send and wait for the response headers, at most first_byte_s."""
         limit = self._timeouts.first_byte_s if first_byte_s is None else first_byte_s
         try:
             async with asyncio.timeout(limit):
-                return await self.session.post(url, data=body, headers=headers, allow_redirects=False)
+                resp = await self.session.post(url, data=body, headers=headers, allow_redirects=False)
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             raise translate(exc, what) from None
+        return UpstreamResponse(resp, what)
 
     async def get_json(self, url: str, headers: Mapping[str, str], timeout_s: float, what: str) -> tuple[int, Any]:
         status, raw = await self.get(url, headers, timeout_s, what)

@@ -1,8 +1,9 @@
-"""The ASGI endpoint for /v1/chat/completions, /v1/completions and /v1/embeddings: read and parse
-the body, route, cap, balance, hand over to the proxy, and always finish the Exchange.
+"""The raw-ASGI endpoint of one client protocol: read and parse the body, resolve the route, plan,
+cap, admit, attempt (and relay), and always account. It is the one owner of a request's ending: a
+disconnect listener runs beside the request, and whichever ends first cancels the other; the
+client leaving, the idle limit and the drain deadline are told apart here and nowhere else.
 
-It is a raw ASGI app, not a Starlette endpoint, so that it can watch for the client leaving at
-every stage and cancel the upstream work at once."""
+A raw ASGI app, not a Starlette endpoint, so that it sees the client leave at every stage."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ import asyncio
 import itertools
 import logging
 import os
-import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import MutableMapping
 from typing import Any
 
+from gateway.asgi import Receive, Scope, Send
 from gateway.auth import ClientAuth
 from gateway.config import GatewayConfig
 from gateway.errors import (
@@ -25,78 +26,65 @@ from gateway.errors import (
     PayloadTooLarge,
     UpstreamTimeout,
 )
-from gateway.fleet.registry import Backend, Registry
-from gateway.metrics import GatewayMetrics
-from gateway.pipeline.enforcer import CapEnforcer
-from gateway.pipeline.exchange import Exchange
-from gateway.pipeline.proxy import Proxy
-from gateway.pipeline.router import Plan, Router
-from gateway.protocols.inbound import Kind, parse_request
+from gateway.pipeline.accounting import Accounting, prompt_tokens
+from gateway.pipeline.admission import Admission
+from gateway.pipeline.attempts import Attempts
+from gateway.pipeline.enforcer import NO_PROMPT, CapEnforcer, PromptCount
+from gateway.pipeline.exchange import Exchange, Outcome
+from gateway.pipeline.headers import error_headers, upstream_headers
+from gateway.pipeline.relay import EndReason, Relay, StreamCut
+from gateway.pipeline.router import Router
+from gateway.protocols.base import ProtocolAdapter
 from gateway.serving.lifecycle import Lifecycle
 
 log = logging.getLogger(__name__)
 
-_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "embeddings": "/v1/embeddings"}
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
-# Never forwarded: hop-by-hop headers (RFC 9110 7.6.1), the client's credentials, and headers the
-# gateway sets itself. The backend's own key is added by the proxy.
-_DROP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "host",
-        "content-length",
-        "expect",
-        "authorization",
-        "proxy-authorization",
-        "cookie",
-        "x-api-key",
-        "api-key",
-        "accept-encoding",
-        "forwarded",
-        "x-forwarded-for",
-        "x-forwarded-host",
-        "x-forwarded-proto",
-    }
-)
+class RequestEnd:
+    """Why a request ended early, decided once: the first end(reason) cancels the request's task;
+    later ones, or any after it finished, do nothing."""
+
+    __slots__ = ("_task", "finished", "reason")
+
+    def __init__(self, task: asyncio.Task[Any]) -> None:
+        self._task = task
+        self.reason: EndReason | None = None
+        self.finished = False
+
+    def end(self, reason: EndReason) -> None:
+        if self.reason is None and not self.finished:
+            self.reason = reason
+            self._task.cancel()
 
 
 class CompletionEndpoint:
     def __init__(
         self,
-        kind: Kind,
+        protocol: ProtocolAdapter,
         config: GatewayConfig,
-        registry: Registry,
+        auth: ClientAuth,
         router: Router,
         caps: CapEnforcer,
-        proxy: Proxy,
-        metrics: GatewayMetrics,
+        admission: Admission,
+        attempts: Attempts,
+        relay: Relay,
+        accounting: Accounting,
         lifecycle: Lifecycle,
     ) -> None:
-        self.kind = kind
-        self._lifecycle = lifecycle
+        self.protocol = protocol
+        self.path = protocol.path
         self._config = config
-        self._registry = registry
+        self._auth = auth
         self._router = router
         self._caps = caps
-        self._proxy = proxy
-        self._metrics = metrics
+        self._admission = admission
+        self._attempts = attempts
+        self._relay = relay
+        self._accounting = accounting
+        self._lifecycle = lifecycle
         # Request ids: a random per-endpoint prefix and a counter; os.urandom per request was a syscall.
         self._id_prefix = os.urandom(6).hex()
         self._id_counter = itertools.count(1)
-        self._auth = ClientAuth([k.get_secret_value() for k in config.server.api_keys])
-
-    @property
-    def path(self) -> str:
-        return _PATHS[self.kind]
 
     def _request_id(self, supplied: str | None) -> str:
         if supplied is not None and _valid_request_id(supplied):
@@ -104,11 +92,14 @@ class CompletionEndpoint:
         return f"{self._id_prefix}{next(self._id_counter):08x}"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        protocol = self.protocol
         headers = _headers(scope)
-        ex = Exchange(request_id=self._request_id(headers.get("x-request-id")), kind=self.kind, metrics=self._metrics)
+        ex = Exchange(request_id=self._request_id(headers.get("x-request-id")), api=protocol.api, path=self.path)
         task = asyncio.current_task()
         assert task is not None
+        ending = RequestEnd(task)
         watcher: asyncio.Task[None] | None = None
+        count: PromptCount = NO_PROMPT
         try:
             if self._lifecycle.draining:
                 raise NoHealthyBackend("The gateway is shutting down.", code="draining", retry_after=1)
@@ -117,98 +108,97 @@ class CompletionEndpoint:
             if raw is None:
                 ex.disconnect_stage = "before_backend"
                 return
-            limits = self._config.limits
-            inbound = parse_request(
-                self.kind, raw, max_depth=limits.max_json_depth, max_n=limits.max_n, max_messages=limits.max_messages
-            )
+            inbound = protocol.parse(raw, self._config.limits)
             route = self._config.route_for(inbound.model)
             if route is None:
                 raise ModelNotFound(
                     f"The model '{_clip(inbound.model)}' does not exist on this gateway.", param="model"
                 )
-            ex.route, ex.inbound, ex.upstream_model = route.label, inbound, route.upstream_model
-            watcher = asyncio.create_task(_watch_disconnect(receive, task, ex))
-            plan = self._router.plan(route, inbound, headers, self._caps.routing_estimate(route, inbound))
+            ex.route, ex.model, ex.stream = route.label, inbound.model, inbound.stream
+            watcher = asyncio.create_task(_listen_for_disconnect(receive, ex, ending))
+            view = protocol.estimate_view(inbound)
+            plan = self._router.plan(route, inbound, view, headers, self._caps.routing_estimate(route, inbound, view))
             ex.pool, ex.rule = plan.pool, plan.rule
-            backends = await self._admit(plan, route.label)
-            await self._caps.apply(ex, route, backends[0])
-            if inbound.stream and not inbound.include_usage and inbound.kind != "embeddings":
-                # Ask for the usage chunk so token counts are exact; the relay strips it again.
-                inbound.body["stream_options"] = {**(inbound.body.get("stream_options") or {}), "include_usage": True}
-                inbound.modified = ex.injected_usage = True
-            await self._proxy.forward(ex, send, raw, _upstream_headers(headers, ex.request_id), backends)
+            backends, plan = await self._admission.admit(plan, route.label)
+            cap_edits, count = await self._caps.apply(route, inbound, view, backends[0])
+            ex.estimator_key, ex.prompt_chars, ex.prompt_messages = count.key, count.chars, count.messages
+            ex.prompt_estimate, ex.prompt_exact = count.estimate, count.exact
+            edits = protocol.base_edits(inbound).then(cap_edits)
+            ex.headers.extend(edits.headers)
+            await self._attempts.run(
+                ex,
+                send,
+                protocol,
+                inbound,
+                edits,
+                route.upstream_model,
+                upstream_headers(headers, ex.request_id),
+                plan,
+                backends,
+                ending,
+            )
         except GatewayError as err:
             if ex.outcome is None:
                 ex.outcome = _outcome_for(err)
             if not ex.response_started:
                 ex.status = err.status_code
-                await _send_error(send, err, ex)
-        except Exception:  # a bug: still one OpenAI-shaped 500 and one outcome, never a bare traceback
+                await _send_error(send, protocol, err, ex)
+        except Exception:  # a bug: still one error body and one outcome, never a bare traceback
             log.exception("request %s failed", ex.request_id)
-            if ex.outcome is None:
-                started = ex.response_started
-                ex.outcome = "upstream_error_midstream" if started else "upstream_error_before_first_byte"
+            ex.outcome = "internal_error"
             if not ex.response_started:
                 ex.status = 500
-                await _send_error(send, GatewayError("The gateway failed on this request.", code="internal_error"), ex)
+                bug = GatewayError("The gateway failed on this request.", code="internal_error")
+                await _send_error(send, protocol, bug, ex)
         except asyncio.CancelledError:
-            if ex.disconnect_stage is not None:
+            # The one place that tells why a request was cancelled, and the only uncancel().
+            if ending.reason == "client_left":
                 task.uncancel()
                 ex.outcome = "client_closed"
+            elif ending.reason == "idle_limit":
+                task.uncancel()
+                cut = StreamCut("timeout_idle", f"Backend {ex.backend_name} stalled mid-stream.")
+                try:
+                    await self._relay.cut(ex, send, protocol, cut)
+                except GatewayError as err:  # stalled before the client got its headers
+                    ex.status = err.status_code
+                    await _send_error(send, protocol, err, ex)
             elif self._lifecycle.draining:
                 # The drain deadline passed with this request still running: tell the client, once.
                 task.uncancel()
                 ex.outcome = "overloaded"
-                await _send_shutdown(send, ex)
+                await _send_shutdown(send, protocol, ex)
             else:
                 raise
         finally:
-            ex.finished = True
+            ending.finished = True
             if watcher is not None:
                 watcher.cancel()
-            ex.finish()
-            usage = ex.reported_usage()
-            if usage is not None and ex.outcome == "success":
-                self._caps.learn(
-                    ex, usage.get("prompt_tokens") if isinstance(usage.get("prompt_tokens"), int) else None
-                )
-
-    async def _admit(self, plan: Plan, route: str) -> list[Backend]:
-        """The backends to try; when every one is full, wait in the bounded queue for a slot."""
-        started = time.perf_counter()
-        backends = plan.backends
-        limits = self._config.limits
-        deadline = started + limits.queue_timeout_s
-        saturated = plan.saturated
-        while not backends and saturated and plan.key is not None:
-            left = deadline - time.perf_counter()
-            if not await self._registry.wait_for_slot(plan.pool, left, limits.max_queue):
-                raise Overloaded(f"Every backend of pool '{plan.pool}' is at its concurrency limit.", retry_after=1)
-            backends, saturated = self._router.order(plan.pool, plan.key)
-        if not backends:
-            raise NoHealthyBackend(f"No healthy backend can serve route '{route}'.", retry_after=5)
-        self._metrics.child(self._metrics.queue_wait, route, plan.pool).observe(time.perf_counter() - started)
-        return backends
+            self._accounting.finish(ex)
+            if ex.outcome == "success":
+                usage = ex.reported_usage()
+                if usage is not None:
+                    self._caps.learn(count, prompt_tokens(usage))
 
 
-async def _watch_disconnect(receive: Receive, task: asyncio.Task[Any], ex: Exchange) -> None:
-    """Runs beside the request; when the client goes, cancel the request's task so that the
-    upstream connection is closed and the engine stops work."""
+async def _listen_for_disconnect(receive: Receive, ex: Exchange, ending: RequestEnd) -> None:
+    """Runs beside the request; when the client goes, end the request so that the upstream
+    connection is closed and the engine stops work."""
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             break
-    if ex.finished:
+    if ending.finished:
         return
     if ex.sent_at is None:
         ex.disconnect_stage = "before_backend"
     elif ex.response_started:
         ex.disconnect_stage = "mid_stream"
-    elif ex.inbound is not None and ex.inbound.stream:
+    elif ex.stream:
         ex.disconnect_stage = "waiting_first_byte"
     else:
         ex.disconnect_stage = "non_stream"
-    task.cancel()
+    ending.end("client_left")
 
 
 async def _read_body(receive: Receive, headers: dict[str, str], limit: int) -> bytes | None:
@@ -249,16 +239,6 @@ def _headers(scope: Scope) -> dict[str, str]:
     return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
 
 
-def _upstream_headers(headers: dict[str, str], request_id: str) -> dict[str, str]:
-    named = headers.get("connection", "")
-    drop = _DROP | {t.strip().lower() for t in named.split(",")} if named else _DROP
-    out = {k: v for k, v in headers.items() if k not in drop and not k.startswith("x-gateway-")}
-    out["content-type"] = "application/json"
-    out["accept-encoding"] = "identity"
-    out["x-request-id"] = request_id
-    return out
-
-
 def _valid_request_id(supplied: str) -> bool:
     return 0 < len(supplied) <= 128 and supplied.isascii() and supplied.isprintable()
 
@@ -267,7 +247,7 @@ def _clip(text: str, limit: int = 64) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def _outcome_for(err: GatewayError) -> str:
+def _outcome_for(err: GatewayError) -> Outcome:
     if isinstance(err, Overloaded | NoHealthyBackend):
         return "overloaded"
     if isinstance(err, UpstreamTimeout):
@@ -279,26 +259,25 @@ def _outcome_for(err: GatewayError) -> str:
     return "upstream_error_before_first_byte"
 
 
-async def _send_shutdown(send: Send, ex: Exchange) -> None:
+async def _send_shutdown(send: Send, protocol: ProtocolAdapter, ex: Exchange) -> None:
     err = NoHealthyBackend("The gateway shut down before this request finished.", code="shutdown", retry_after=1)
     try:
         if ex.response_started:
             await send(
-                {"type": "http.response.body", "body": b"data: " + err.body_bytes() + b"\n\n", "more_body": False}
+                {
+                    "type": "http.response.body",
+                    "body": b"data: " + protocol.error_body(err) + b"\n\n",
+                    "more_body": False,
+                }
             )
         else:
             ex.status = err.status_code
-            await _send_error(send, err, ex)
+            await _send_error(send, protocol, err, ex)
     except Exception:  # the connection may already be gone; nothing more to tell
         return
 
 
-async def _send_error(send: Send, err: GatewayError, ex: Exchange) -> None:
-    body = err.body_bytes()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    headers += [(k.encode(), v.encode()) for k, v in err.headers().items()]
-    headers += ex.response_headers()
-    if isinstance(err, PayloadTooLarge):
-        headers.append((b"connection", b"close"))
-    await send({"type": "http.response.start", "status": err.status_code, "headers": headers})
+async def _send_error(send: Send, protocol: ProtocolAdapter, err: GatewayError, ex: Exchange) -> None:
+    body = protocol.error_body(err)
+    await send({"type": "http.response.start", "status": err.status_code, "headers": error_headers(err, body, ex)})
     await send({"type": "http.response.body", "body": body, "more_body": False})

@@ -1,16 +1,19 @@
 """Enforce a route's context cap before a request leaves the gateway: estimate the prompt's
-tokens, ask the engine for an exact count near the cap, then reject, truncate or clamp."""
+tokens, ask the engine for an exact count near the cap, then reject, truncate or clamp. The result
+is a value (the Edits and the prompt's count); the request itself is never changed."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from gateway.config import RouteConfig
 from gateway.errors import ContextLengthExceeded, GatewayError
 from gateway.fleet.registry import Backend
 from gateway.metrics import GatewayMetrics
-from gateway.pipeline.exchange import Exchange
+from gateway.pipeline.edits import NO_EDITS, Edits
 from gateway.policy.caps import (
     PER_MESSAGE_TOKENS,
     CapDecision,
@@ -20,10 +23,24 @@ from gateway.policy.caps import (
     prompt_size,
     truncate_oldest,
 )
-from gateway.protocols.inbound import InboundRequest
+from gateway.protocols.base import Inbound
 from gateway.upstream import UpstreamClient
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class PromptCount:
+    """What the cap step knows of the prompt: the estimator's key and inputs, and the counts."""
+
+    key: tuple[str, str] | None = None
+    chars: int = 0
+    messages: int = 0
+    estimate: int = 0
+    exact: int | None = None
+
+
+NO_PROMPT = PromptCount()
 
 
 class CapEnforcer:
@@ -33,63 +50,68 @@ class CapEnforcer:
         self._timeout_s = count_timeout_s
         self.estimator = TokenEstimator()
 
-    def routing_estimate(self, route: RouteConfig, inbound: InboundRequest) -> int:
+    def routing_estimate(self, route: RouteConfig, inbound: Inbound, view: Mapping[str, Any] | None) -> int:
         """The prompt-token estimate that prompt-size rules see, before a backend is chosen."""
-        if inbound.kind == "embeddings":
+        if view is None:
             return 0
-        chars, messages, known = prompt_size(inbound.body)
+        chars, messages, known = prompt_size(view)
         return self.estimator.estimate((route.label, route.upstream_model or inbound.model), chars, messages, known)
 
-    async def apply(self, ex: Exchange, route: RouteConfig, backend: Backend) -> None:
-        inbound = ex.inbound
-        assert inbound is not None
-        if inbound.kind == "embeddings":
-            return
+    async def apply(
+        self, route: RouteConfig, inbound: Inbound, view: Mapping[str, Any] | None, backend: Backend
+    ) -> tuple[Edits, PromptCount]:
+        """The cap's edits for this request on `backend`, and the prompt's count; raises
+        ContextLengthExceeded when it cannot be made to fit."""
+        if view is None:
+            return NO_EDITS, NO_PROMPT
         caps = route.caps
-        chars, messages, known = prompt_size(inbound.body)
+        chars, messages, known = prompt_size(view)
         model = backend.model or route.upstream_model or inbound.model
         key = (route.label, model)
-        ex.estimator_key, ex.prompt_chars, ex.prompt_messages = key, chars, messages
-        estimate = ex.prompt_estimate = self.estimator.estimate(key, chars, messages, known)
+        estimate = self.estimator.estimate(key, chars, messages, known)
+        count = PromptCount(key, chars, messages, estimate)
         cap = caps.max_context_tokens
         if cap is None and caps.default_max_tokens is None and caps.max_tokens_limit is None:
-            return
+            return NO_EDITS, count
         prompt, method = estimate, "estimate"
         if cap is not None and estimate + (inbound.max_tokens or 1) >= cap * (1 - caps.exact_margin):
-            exact = await self.count(backend, model, inbound.body)
+            exact = await self.count(backend, model, view)
             if exact is None:
                 method = "estimate_fallback"
             else:
                 prompt, method = exact, "exact"
-                ex.prompt_exact = exact
+                count = PromptCount(key, chars, messages, estimate, exact)
         decision = decide(caps, prompt, inbound.max_tokens)
+        edits = NO_EDITS
         if decision.action == "reject" or (cap is not None and prompt > cap):
             if caps.on_exceed == "truncate_oldest" and inbound.messages is not None and cap is not None:
-                decision, prompt = await self._truncate(ex, route, backend, model, prompt, method)
+                edits, count, decision = await self._truncate(route, inbound, view, backend, model, prompt, method)
             else:
                 self._metrics.cap_actions.labels(route.label, "rejected", method).inc()
                 raise ContextLengthExceeded(decision.message, param="messages")
-        self._set_max_tokens(ex, route, decision, method)
+        return edits.then(self._max_tokens(route, decision, method)), count
 
-    def _set_max_tokens(self, ex: Exchange, route: RouteConfig, decision: CapDecision, method: str) -> None:
-        inbound = ex.inbound
-        assert inbound is not None
+    def _max_tokens(self, route: RouteConfig, decision: CapDecision, method: str) -> Edits:
         if decision.max_tokens is None or decision.action not in ("clamp", "default"):
-            return
-        inbound.body[inbound.max_tokens_field] = decision.max_tokens
-        inbound.modified = True
+            return NO_EDITS
+        value = str(decision.max_tokens).encode()
         if decision.action == "clamp":
             self._metrics.cap_actions.labels(route.label, "clamped", method).inc()
-            ex.extra_headers.append((b"x-gateway-max-tokens-clamped", str(decision.max_tokens).encode()))
-        else:
-            self._metrics.cap_actions.labels(route.label, "defaulted", method).inc()
-            ex.extra_headers.append((b"x-gateway-max-tokens", str(decision.max_tokens).encode()))
+            return Edits(max_tokens=decision.max_tokens, headers=((b"x-gateway-max-tokens-clamped", value),))
+        self._metrics.cap_actions.labels(route.label, "defaulted", method).inc()
+        return Edits(max_tokens=decision.max_tokens, headers=((b"x-gateway-max-tokens", value),))
 
     async def _truncate(
-        self, ex: Exchange, route: RouteConfig, backend: Backend, model: str, prompt: int, method: str
-    ) -> tuple[CapDecision, int]:
-        inbound = ex.inbound
-        assert inbound is not None and inbound.messages is not None
+        self,
+        route: RouteConfig,
+        inbound: Inbound,
+        view: Mapping[str, Any],
+        backend: Backend,
+        model: str,
+        prompt: int,
+        method: str,
+    ) -> tuple[Edits, PromptCount, CapDecision]:
+        assert inbound.messages is not None
         cap = route.caps.max_context_tokens
         assert cap is not None
         key = (route.label, model)
@@ -109,25 +131,27 @@ class CapEnforcer:
                 param="messages",
             )
         kept, dropped = result
-        inbound.body["messages"] = inbound.messages = [dict(m) for m in kept]
-        inbound.modified = True
-        chars, count, _ = prompt_size(inbound.body)
-        ex.prompt_chars, ex.prompt_messages = chars, count
+        messages = tuple(dict(m) for m in kept)
+        shorter = {**view, "messages": list(messages)}
+        chars, count, _ = prompt_size(shorter)
         new_prompt = self.estimator.estimate(key, chars, count)
+        exact: int | None = None
         if method == "exact":
-            exact = await self.count(backend, model, inbound.body)
+            exact = await self.count(backend, model, shorter)
             new_prompt = exact if exact is not None else new_prompt
-            ex.prompt_exact = exact
-        ex.prompt_estimate = new_prompt
         self._metrics.cap_actions.labels(route.label, "truncated", method).inc()
         self._metrics.truncated_messages.labels(route.label).inc(dropped)
-        ex.extra_headers.append((b"x-gateway-truncated-messages", str(dropped).encode()))
+        edits = Edits(
+            messages=messages,
+            dropped_messages=dropped,
+            headers=((b"x-gateway-truncated-messages", str(dropped).encode()),),
+        )
         decision = decide(route.caps, new_prompt, inbound.max_tokens)
         if decision.action == "reject":
             raise ContextLengthExceeded(decision.message, param="messages")
-        return decision, new_prompt
+        return edits, PromptCount(key, chars, count, new_prompt, exact), decision
 
-    async def count(self, backend: Backend, model: str, body: dict[str, Any]) -> int | None:
+    async def count(self, backend: Backend, model: str, body: Mapping[str, Any]) -> int | None:
         """The engine's exact prompt token count, or None when it can't say."""
         messages = body.get("messages") if isinstance(body.get("messages"), list) else None
         prompt = body.get("prompt") if isinstance(body.get("prompt"), str) else None
@@ -153,9 +177,10 @@ class CapEnforcer:
             return None
         return adapter.count_tokens(answers) if answers else None
 
-    def learn(self, ex: Exchange, prompt_tokens: int | None) -> None:
-        if ex.estimator_key is None:
+    def learn(self, count: PromptCount, prompt_tokens: int | None) -> None:
+        """Teach the estimator from what the engine counted (or the exact count, without usage)."""
+        if count.key is None:
             return
-        tokens = prompt_tokens if prompt_tokens is not None else ex.prompt_exact
+        tokens = prompt_tokens if prompt_tokens is not None else count.exact
         if tokens:
-            self.estimator.learn(ex.estimator_key, ex.prompt_chars, ex.prompt_messages, tokens)
+            self.estimator.learn(count.key, count.chars, count.messages, tokens)

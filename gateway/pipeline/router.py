@@ -1,11 +1,14 @@
 """Turn a routed request into a plan: the pool its route's rules pick (with fallback), and the
 pool's healthy backends in the balancer's order. Holds the routing memory (prefix tracker,
-balancers); the decisions themselves are the pure functions of rules.py and balancer.py."""
+balancers); the decisions themselves are the pure functions of rules.py and balancer.py, and the
+memory learns only from what served (learn(), called once the first byte arrived)."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from gateway.config import GatewayConfig, RouteConfig
 from gateway.fleet.registry import Backend, Registry
@@ -13,7 +16,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.policy.balancer import BalanceKey, Balancer, make_balancer
 from gateway.policy.prefix import PrefixTracker, canonical_prompt, conversation_anchor, fingerprint
 from gateway.policy.rules import Platform, RequestFacts, select_pool
-from gateway.protocols.inbound import InboundRequest
+from gateway.protocols.base import Inbound
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +29,8 @@ class Plan:
     key: BalanceKey | None = None
     saturated: bool = False
     """Healthy backends exist, but every one is at its max_in_flight: the request may queue."""
+    home: str | None = None
+    """Where the balancer's memory says this conversation lives (explicit input to learn())."""
 
 
 class Router:
@@ -47,12 +52,18 @@ class Router:
         return self._platform
 
     def facts(
-        self, route: RouteConfig, inbound: InboundRequest, headers: dict[str, str], prompt_tokens: int, now: float
+        self,
+        route: RouteConfig,
+        inbound: Inbound,
+        view: Mapping[str, Any] | None,
+        headers: dict[str, str],
+        prompt_tokens: int,
+        now: float,
     ) -> tuple[RequestFacts, tuple[int, ...]]:
         fp: tuple[int, ...] = ()
         shared = False
-        if self._needs_prefix and inbound.kind != "embeddings":
-            fp = fingerprint(canonical_prompt(inbound.body), self._config.routing.shared_prefix.block_chars)
+        if self._needs_prefix and view is not None:
+            fp = fingerprint(canonical_prompt(view), self._config.routing.shared_prefix.block_chars)
             shared = self._tracker.observe(fp, now).shared
         facts = RequestFacts(
             model=inbound.model,
@@ -66,23 +77,28 @@ class Router:
         return facts, fp
 
     def plan(
-        self, route: RouteConfig, inbound: InboundRequest, headers: dict[str, str], prompt_tokens: int = 0
+        self,
+        route: RouteConfig,
+        inbound: Inbound,
+        view: Mapping[str, Any] | None,
+        headers: dict[str, str],
+        prompt_tokens: int = 0,
     ) -> Plan:
         now = time.monotonic()
-        facts, fp = self.facts(route, inbound, headers, prompt_tokens, now)
+        facts, fp = self.facts(route, inbound, view, headers, prompt_tokens, now)
         decision = select_pool(route, facts, self._registry.pool_available)
         if decision is None:
             return Plan(pool=route.pools[0], rule="none", backends=[], facts=facts, fingerprint=fp)
         self._metrics.child(self._metrics.route_decisions, route.label, decision.pool, decision.rule).inc()
         session = headers.get(self._config.pools[decision.pool].session_header.lower()) or inbound.user
-        anchor = conversation_anchor(inbound.body, self._config.routing.shared_prefix.block_chars) if fp else None
+        anchor = conversation_anchor(view, self._config.routing.shared_prefix.block_chars) if fp and view else None
         key = BalanceKey(
             fingerprint=fp,
             session=session,
             anchor=anchor.key if anchor else None,
             anchor_block=anchor.block if anchor else 0,
         )
-        backends, saturated = self.order(decision.pool, key, now)
+        backends, saturated, home = self.order(decision.pool, key, now)
         return Plan(
             pool=decision.pool,
             rule=decision.rule,
@@ -91,16 +107,20 @@ class Router:
             fingerprint=fp,
             key=key,
             saturated=saturated,
+            home=home,
         )
 
-    def order(self, pool: str, key: BalanceKey, now: float | None = None) -> tuple[list[Backend], bool]:
-        """The pool's healthy backends with capacity, in the balancer's order; and whether some
-        healthy backend was left out only for being full."""
+    def order(self, pool: str, key: BalanceKey, now: float | None = None) -> tuple[list[Backend], bool, str | None]:
+        """The pool's healthy backends with capacity, in the balancer's order; whether some healthy
+        backend was left out only for being full; and the conversation's learned home, if any."""
         now = time.monotonic() if now is None else now
-        balancer = self._balancers[pool]
-        ordered = balancer.order(self._registry.candidates(pool, now), key)
+        ordered, home = self._balancers[pool].decide(self._registry.candidates(pool, now), key)
         by_name = self._registry.by_name
         backends = [by_name[c.name] for c in ordered if self._registry.has_capacity(by_name[c.name])]
-        if backends:
-            balancer.learn(key.fingerprint, backends[0].name, now)
-        return backends, bool(ordered) and not backends
+        return backends, bool(ordered) and not backends, home
+
+    def learn(self, plan: Plan, served: str) -> None:
+        """The backend `served` sent the first byte of this request's answer: remember it. Called
+        once per request, never for one the cap rejected or that no backend took."""
+        if plan.key is not None:
+            self._balancers[plan.pool].learn(plan.key.fingerprint, served, time.monotonic(), plan.home)

@@ -56,9 +56,27 @@ class Balancer(Protocol):
         """All candidates, best first; the proxy takes the first and retries on the next."""
         ...
 
-    def learn(self, fingerprint: tuple[int, ...], backend: str, now: float) -> None:
-        """Called with the backend a request was sent to; a no-op except for prefix_affinity."""
+    def decide(self, candidates: Sequence[Candidate], key: BalanceKey) -> tuple[list[Candidate], str | None]:
+        """order(), and the backend the balancer's memory names for this key (None: no memory)."""
         ...
+
+    def learn(self, fingerprint: tuple[int, ...], backend: str, now: float, home: str | None = None) -> None:
+        """Called once with the backend that served a request (its first byte arrived), and the
+        `home` that decide() named for it; a no-op except for prefix_affinity."""
+        ...
+
+
+class _NoMemory:
+    """For the balancers that remember nothing about where requests went."""
+
+    def order(self, candidates: Sequence[Candidate], key: BalanceKey) -> list[Candidate]:
+        raise NotImplementedError
+
+    def decide(self, candidates: Sequence[Candidate], key: BalanceKey) -> tuple[list[Candidate], str | None]:
+        return self.order(candidates, key), None
+
+    def learn(self, fingerprint: tuple[int, ...], backend: str, now: float, home: str | None = None) -> None:
+        return None
 
 
 def candidate_load(c: Candidate) -> float:
@@ -97,15 +115,12 @@ def rendezvous(key: bytes, candidates: Sequence[Candidate]) -> list[Candidate]:
     )
 
 
-class LeastLoad:
+class LeastLoad(_NoMemory):
     def order(self, candidates: Sequence[Candidate], key: BalanceKey) -> list[Candidate]:
         return _saturated_last(sorted(candidates, key=lambda c: (least_load_score(c), c.name)))
 
-    def learn(self, fingerprint: tuple[int, ...], backend: str, now: float) -> None:
-        return None
 
-
-class RoundRobin:
+class RoundRobin(_NoMemory):
     def __init__(self) -> None:
         self._next = 0
 
@@ -116,11 +131,8 @@ class RoundRobin:
         self._next += 1
         return _saturated_last([*candidates[start:], *candidates[:start]])
 
-    def learn(self, fingerprint: tuple[int, ...], backend: str, now: float) -> None:
-        return None
 
-
-class Session:
+class Session(_NoMemory):
     """Sticky by session key (a header or the body's `user`); least_load for requests without one."""
 
     def order(self, candidates: Sequence[Candidate], key: BalanceKey) -> list[Candidate]:
@@ -128,16 +140,10 @@ class Session:
             return LeastLoad().order(candidates, key)
         return _saturated_last(rendezvous(key.session.encode("utf-8", "surrogatepass"), candidates))
 
-    def learn(self, fingerprint: tuple[int, ...], backend: str, now: float) -> None:
-        return None
 
-
-class FirstHealthy:
+class FirstHealthy(_NoMemory):
     def order(self, candidates: Sequence[Candidate], key: BalanceKey) -> list[Candidate]:
         return _saturated_last(list(candidates))
-
-    def learn(self, fingerprint: tuple[int, ...], backend: str, now: float) -> None:
-        return None
 
 
 class PrefixAffinity:
@@ -156,18 +162,18 @@ class PrefixAffinity:
         self._max_entries = max_entries
         self._table: OrderedDict[int, tuple[str, int]] = OrderedDict()
         """block hash -> (backend, the block's index in the fingerprint)"""
-        self._favourite: tuple[tuple[int, ...], str] | None = None
-        """The last order()'s fingerprint and favourite when that came from a learned match, so
-        learn() can tell a spill away from a conversation's home."""
 
     def __len__(self) -> int:
         return len(self._table)
 
     def order(self, candidates: Sequence[Candidate], key: BalanceKey) -> list[Candidate]:
+        return self.decide(candidates, key)[0]
+
+    def decide(self, candidates: Sequence[Candidate], key: BalanceKey) -> tuple[list[Candidate], str | None]:
+        """The order, and the conversation's learned home when a learned match chose the favourite."""
         fp = key.fingerprint
-        self._favourite = None
         if not fp or not candidates:
-            return LeastLoad().order(candidates, key)
+            return LeastLoad().order(candidates, key), None
         # A conversation's identity is its first non-system message, not block 0: agents share a
         # long system prompt and tools, and hashing those would send every conversation to one place.
         seed = key.anchor if key.anchor is not None else fp[0]
@@ -184,22 +190,21 @@ class PrefixAffinity:
             ordered = [favourite, *sorted(preferred[1:], key=lambda c: loads[c.name])]
         else:
             ordered = sorted(preferred, key=lambda c: loads[c.name])
-        if learned is not None:
-            self._favourite = (fp, favourite.name)
-        return _saturated_last(ordered)
+        return _saturated_last(ordered), favourite.name if learned is not None else None
 
-    def learn(self, fingerprint: tuple[int, ...], backend: str, now: float) -> None:
+    def learn(self, fingerprint: tuple[int, ...], backend: str, now: float, home: str | None = None) -> None:
         """Remember `backend` for the request's last block and for blocks 1, 2, 4, 8... so a later
         request finds its longest shared prefix to within a factor of two, at ~log2(n) entries per
         request. LRU-bounded, not timed: a stale entry is no worse than the rendezvous guess.
 
         A request that spilled under load away from where its conversation was learned to be is not
         learned: that cache stays where it was, and re-homing on every spill made conversations drift.
-        (A first turn that spilled off its cold-start choice is learned where it ran.)"""
+        (A first turn that spilled off its cold-start choice is learned where it ran.) `home` is what
+        decide() named for this request: an explicit input, not state kept between the two calls."""
         n = len(fingerprint)
         if not n:
             return
-        if self._favourite is not None and self._favourite[0] is fingerprint and self._favourite[1] != backend:
+        if home is not None and home != backend:
             return
         table = self._table
         index = 0

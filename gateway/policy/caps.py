@@ -228,3 +228,13 @@ def truncate_oldest(
             continue
         kept.append(message)
     return kept, dropped
+
+
+def engine_truncated(reported: int | None, exact: int | None, estimate: int) -> bool:
+    """True when the engine reports far fewer prompt tokens than were sent: it cut the prompt
+    silently (Ollama does). Exact counts are trusted to 10 %; the conservative estimate, to half."""
+    if reported is None:
+        return False
+    if exact:
+        return reported < 0.9 * exact
+    return estimate > 256 and reported < 0.5 * estimate

@@ -1,14 +1,14 @@
-"""Parse a client's request body once: bounded size and depth, strict types, and the few fields
-the gateway needs (model, stream, messages, max_tokens, session). Pure: no I/O."""
+"""Parse an OpenAI-shaped request body once: bounded size and depth, strict types, and the few fields
+the gateway needs (model, stream, messages, max_tokens, session), into a frozen Inbound. Pure: no I/O."""
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from gateway.errors import InvalidRequest
+from gateway.protocols.base import Inbound
 
 Kind = Literal["chat", "completions", "embeddings"]
 
@@ -17,24 +17,6 @@ Kind = Literal["chat", "completions", "embeddings"]
 _STEERING_FIELDS = ("api_base", "base_url", "api_key", "api_version", "custom_llm_provider", "organization")
 _MAX_MODEL_CHARS = 256
 _MAX_INT = 2**31 - 1
-
-
-@dataclass(slots=True)
-class InboundRequest:
-    kind: Kind
-    body: dict[str, Any]
-    model: str
-    stream: bool
-    include_usage: bool
-    """The client itself asked for the usage chunk on a stream."""
-    max_tokens: int | None
-    max_tokens_field: str
-    n: int
-    messages: list[dict[str, Any]] | None
-    has_tools: bool
-    user: str | None
-    modified: bool = False
-    """The body must be re-encoded before forwarding."""
 
 
 def _depth_ok(value: Any, limit: int) -> bool:
@@ -135,7 +117,7 @@ def _check_messages(messages: Any, max_messages: int) -> list[dict[str, Any]]:
     return messages
 
 
-def parse_request(kind: Kind, raw: bytes, *, max_depth: int, max_n: int, max_messages: int) -> InboundRequest:
+def parse_request(kind: Kind, raw: bytes, *, max_depth: int, max_n: int, max_messages: int) -> Inbound:
     body = decode_json(raw, max_depth)
     model = body.get("model")
     if not isinstance(model, str) or not model:
@@ -179,22 +161,18 @@ def parse_request(kind: Kind, raw: bytes, *, max_depth: int, max_n: int, max_mes
     user = body.get("user")
     if user is not None and not isinstance(user, str):
         raise InvalidRequest("'user' must be a string.", param="user", code="invalid_type")
-    modified = False
-    for steering in _STEERING_FIELDS:
-        if steering in body:
-            del body[steering]
-            modified = True
-    return InboundRequest(
-        kind=kind,
+    return Inbound(
+        api=kind,
+        raw=raw,
         body=body,
         model=model,
         stream=stream,
         include_usage=include_usage,
         max_tokens=max_tokens,
-        max_tokens_field=field,
+        max_tokens_field=None if kind == "embeddings" else field,
         n=n,
         messages=messages,
         has_tools=bool(tools),
         user=user,
-        modified=modified,
+        stripped=tuple(name for name in _STEERING_FIELDS if name in body),
     )

@@ -30,6 +30,7 @@ class Endpoints:
     def __init__(
         self,
         config: GatewayConfig,
+        auth: ClientAuth,
         registry: Registry,
         metrics: GatewayMetrics,
         scraper: LoadScraper,
@@ -37,7 +38,7 @@ class Endpoints:
     ) -> None:
         self._config = config
         self._lifecycle = lifecycle
-        self._auth = ClientAuth([k.get_secret_value() for k in config.server.api_keys])
+        self._auth = auth
         self._registry = registry
         self._metrics = metrics
         self._scraper = scraper

@@ -34,9 +34,10 @@ def explain(config: GatewayConfig, raw: bytes, kind: Kind = "chat", platform: Pl
     for backend in registry:  # explain assumes every backend is healthy; it does no I/O
         registry.set_health(backend, True)
     router = Router(config, registry, GatewayMetrics(), platform or resolve_platform(config.routing.platform))
-    plan = router.plan(route, inbound, {})
+    view = inbound.body if inbound.max_tokens_field is not None else None
+    plan = router.plan(route, inbound, view, {})
     facts, fp = plan.facts, plan.fingerprint
-    k: Kind = inbound.kind
+    k: Kind = kind
     return {
         "kind": k,
         "route": route.label,

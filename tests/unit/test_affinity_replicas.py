@@ -96,8 +96,9 @@ def choices(
     for _, messages in stream(conversations, turns, system_words):
         raw = json.dumps({"model": "m", "messages": messages, "max_tokens": 16}).encode()
         inbound = parse_request("chat", raw, max_depth=64, max_n=8, max_messages=10_000)
-        plan = router.plan(route, inbound, {})
+        plan = router.plan(route, inbound, inbound.body, {})
         backend = plan.backends[0]
+        router.learn(plan, backend.name)  # it served: the gateway learns once the first byte arrives
         picked.append(backend.name)
         if in_flight_window:
             registry.acquire(backend)

@@ -425,7 +425,8 @@ def test_a_spill_does_not_rehome_a_conversation() -> None:
     home = balancer.order(cands(), BalanceKey(turn1))[0].name
     balancer.learn(turn1, home, 0.0)
     busy = [Candidate(n, 9 if n == home else 0) for n in NAMES]
-    spilled = balancer.order(busy, BalanceKey(turn2))[0].name
-    assert spilled != home
-    balancer.learn(turn2, spilled, 1.0)
+    ordered, learned_home = balancer.decide(busy, BalanceKey(turn2))
+    spilled = ordered[0].name
+    assert spilled != home and learned_home == home
+    balancer.learn(turn2, spilled, 1.0, learned_home)
     assert balancer.order(cands(), BalanceKey(turn3))[0].name == home

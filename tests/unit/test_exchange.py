@@ -5,32 +5,31 @@ from __future__ import annotations
 import pytest
 
 from gateway.metrics import GatewayMetrics
+from gateway.pipeline.accounting import Accounting
 from gateway.pipeline.exchange import Exchange
+from gateway.policy.caps import engine_truncated
 from gateway.protocols.sse import StreamObserver
 
 pytestmark = pytest.mark.unit
 
 
 def test_engine_truncation_is_detected_from_usage() -> None:
-    ex = Exchange(request_id="r", kind="chat", metrics=GatewayMetrics())
-    ex.prompt_exact = 1000
-    assert ex.engine_truncated({"prompt_tokens": 512})  # Ollama-style: cut to its context
-    assert not ex.engine_truncated({"prompt_tokens": 1000})
-    ex.prompt_exact, ex.prompt_estimate = None, 4000
-    assert ex.engine_truncated({"prompt_tokens": 1024})
-    assert not ex.engine_truncated({"prompt_tokens": 3000})  # the estimate errs high, so allow for it
-    assert not ex.engine_truncated({})
+    assert engine_truncated(512, 1000, 0)  # Ollama-style: cut to its context
+    assert not engine_truncated(1000, 1000, 0)
+    assert engine_truncated(1024, None, 4000)
+    assert not engine_truncated(3000, None, 4000)  # the estimate errs high, so allow for it
+    assert not engine_truncated(None, None, 4000)
 
 
 def test_finish_records_one_outcome_and_both_lenses() -> None:
     m = GatewayMetrics()
-    ex = Exchange(request_id="r", kind="chat", metrics=m, route="r1", pool="p", backend_name="b")
+    ex = Exchange(request_id="r", api="chat", path="/v1/chat/completions", route="r1", pool="p", backend_name="b")
     ex.sent_at = ex.started
     obs = ex.observer = StreamObserver(strip_usage=False)
     obs.first_token_at, obs.last_token_at, obs.gaps = ex.started + 0.5, ex.started + 1.5, [0.5, 0.5]
     obs.usage = {"prompt_tokens": 10, "completion_tokens": 3}
     ex.outcome = "success"
-    ex.finish()
+    Accounting(m).finish(ex)
     get = m.registry.get_sample_value
     labels = {"route": "r1", "pool": "p", "backend": "b"}
     assert get("gateway_requests_total", {**labels, "outcome": "success"}) == 1
@@ -44,13 +43,13 @@ def test_finish_records_one_outcome_and_both_lenses() -> None:
 
 def test_no_usage_counts_content_chunks_as_estimated() -> None:
     m = GatewayMetrics()
-    ex = Exchange(request_id="r", kind="chat", metrics=m, route="r1", pool="p", backend_name="b")
+    ex = Exchange(request_id="r", api="chat", path="/v1/chat/completions", route="r1", pool="p", backend_name="b")
     ex.sent_at = ex.started
     obs = ex.observer = StreamObserver(strip_usage=False)
     obs.content_events = 7
     ex.outcome = "client_closed"
     ex.disconnect_stage = "mid_stream"
-    ex.finish()
+    Accounting(m).finish(ex)
     get = m.registry.get_sample_value
     labels = {"route": "r1", "pool": "p", "backend": "b"}
     assert get("gateway_output_tokens_total", {**labels, "source": "estimated"}) == 7

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from gateway.errors import InvalidRequest
+from gateway.protocols.chat import CHAT
 from gateway.protocols.inbound import parse_request
 
 pytestmark = pytest.mark.unit
@@ -22,7 +23,9 @@ OK = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 def test_valid_chat() -> None:
     req = parse({**OK, "stream": True, "max_tokens": 5, "stream_options": {"include_usage": True}})
-    assert (req.model, req.stream, req.max_tokens, req.include_usage, req.modified) == ("m", True, 5, True, False)
+    assert (req.model, req.stream, req.max_tokens, req.include_usage, req.stripped) == ("m", True, 5, True, ())
+    # Nothing to change: the client's own bytes go upstream.
+    assert CHAT.encode(req, CHAT.base_edits(req), None, CHAT.target(req, "vllm")) is req.raw
 
 
 @pytest.mark.parametrize(
@@ -84,12 +87,14 @@ def test_huge_float_max_tokens_is_rejected() -> None:
 
 def test_steering_fields_are_dropped() -> None:
     req = parse({**OK, "api_base": "http://evil", "base_url": "http://evil", "api_key": "k"})
-    assert "api_base" not in req.body and "base_url" not in req.body and "api_key" not in req.body
-    assert req.modified
+    sent = json.loads(CHAT.encode(req, CHAT.base_edits(req), None, CHAT.target(req, "vllm")))
+    assert "api_base" not in sent and "base_url" not in sent and "api_key" not in sent
+    assert sent["messages"] == OK["messages"]
+    assert "api_base" in req.body  # the parsed request itself is never changed
 
 
 def test_completions_and_embeddings() -> None:
-    assert parse({"model": "m", "prompt": "hi"}, kind="completions").kind == "completions"
+    assert parse({"model": "m", "prompt": "hi"}, kind="completions").api == "completions"
     with pytest.raises(InvalidRequest):
         parse({"model": "m", "prompt": 5}, kind="completions")
     with pytest.raises(InvalidRequest):

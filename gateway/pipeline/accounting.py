@@ -1,0 +1,112 @@
+"""The side effects of a request's record: its metrics (both lenses: the request's own speed and the
+machine's throughput) and its one access-log line. Called as the request goes, and once at its end."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from prometheus_client import Gauge
+
+from gateway.fleet.registry import Backend
+from gateway.metrics import GatewayMetrics
+from gateway.pipeline.exchange import Exchange
+
+log = logging.getLogger("gateway.access")
+
+
+class Accounting:
+    __slots__ = ("_m",)
+
+    def __init__(self, metrics: GatewayMetrics) -> None:
+        self._m = metrics
+
+    def in_flight(self, ex: Exchange, backend: Backend) -> Gauge:
+        """The in-flight gauge of the request's attempt on `backend`."""
+        m = self._m
+        return m.child(m.in_flight, ex.route, ex.pool, backend.name)
+
+    def sent(self, ex: Exchange) -> None:
+        """The first attempt leaves: the gateway's own overhead ends here."""
+        ex.sent_at = time.perf_counter()
+        self._m.child(self._m.overhead, ex.route).observe(ex.sent_at - ex.started)
+
+    def count_streamed(self, ex: Exchange, content_events: int) -> None:
+        """Add the content chunks relayed since the last call to the output-token counter, so that
+        rate() shows a long answer's tokens as they flow, not all at its end. finish() corrects the
+        total to the engine's usage figure (which may count more than one token per chunk)."""
+        delta = content_events - ex.streamed_tokens
+        if delta > 0:
+            m = self._m
+            m.child(m.output_tokens, ex.route, ex.pool, ex.backend_name, "usage").inc(delta)
+            ex.streamed_tokens = content_events
+
+    def finish(self, ex: Exchange) -> None:
+        """Record the one outcome and every metric for this request. Called once, at its end."""
+        now = time.perf_counter()
+        m = self._m
+        outcome = ex.outcome or "client_closed"
+        labels = (ex.route, ex.pool, ex.backend_name)
+        m.child(m.requests, *labels, outcome).inc()
+        duration = now - ex.started
+        if ex.sent_at is not None:
+            m.child(m.duration, *labels).observe(duration)
+        obs = ex.observer
+        usage = ex.reported_usage()
+        completion = prompt = None
+        source = "usage"
+        if usage is not None:
+            completion = _int(usage.get("completion_tokens"))
+            prompt = _int(usage.get("prompt_tokens"))
+        if completion is None and obs is not None:
+            completion, source = obs.content_events, "estimated"
+        if prompt is None and ex.sent_at is not None:
+            prompt = ex.prompt_estimate
+        if completion and completion > ex.streamed_tokens:
+            # Tokens already counted while the stream ran are not counted twice.
+            m.child(m.output_tokens, *labels, source).inc(completion - ex.streamed_tokens)
+        if prompt and ex.sent_at is not None:
+            m.child(m.prompt_tokens, *labels, "usage" if usage is not None else "estimated").inc(prompt)
+        if obs is not None and obs.first_token_at is not None:
+            m.child(m.ttft, *labels).observe(obs.first_token_at - ex.started)
+            if obs.gaps:
+                itl = m.child(m.itl, *labels)
+                for gap in obs.gaps:
+                    itl.observe(gap)
+            decode = (obs.last_token_at or obs.first_token_at) - obs.first_token_at
+            if completion and completion > 1 and decode > 0:
+                # The first token belongs to prefill; decode speed counts the ones after it.
+                m.child(m.request_tps, *labels).observe((completion - 1) / decode)
+        if outcome == "client_closed":
+            stage = ex.disconnect_stage or "before_backend"
+            m.child(m.client_disconnects, *labels, stage).inc()
+            if completion:
+                m.child(m.wasted_tokens, *labels).inc(completion)
+        if log.isEnabledFor(logging.INFO):
+            ttft = obs.first_token_at - ex.started if obs and obs.first_token_at else None
+            log.info(
+                "%s %s model=%s route=%s pool=%s backend=%s rule=%s status=%d outcome=%s "
+                "duration=%.4f ttft=%s out_tokens=%s",
+                ex.request_id,
+                ex.path,
+                ex.model if ex.model is not None and ex.route != "__unknown__" else "-",
+                ex.route,
+                ex.pool,
+                ex.backend_name,
+                ex.rule or "-",
+                ex.status,
+                outcome,
+                duration,
+                f"{ttft:.4f}" if ttft is not None else "-",
+                completion if completion else 0,
+            )
+
+
+def prompt_tokens(usage: dict[str, Any] | None) -> int | None:
+    """The engine's prompt-token count from a usage object, when it is a sane integer."""
+    return _int(usage.get("prompt_tokens")) if usage is not None else None
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None

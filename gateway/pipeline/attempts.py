@@ -1,0 +1,145 @@
+"""Try a request's backends in order until one answers: retry only before the first byte reaches
+the client, within retry.max_attempts and the retry budget; report each result to passive health;
+teach the balancer once, from the backend that answered; then hand over to the relay."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gateway.asgi import Send
+from gateway.errors import EngineError, GatewayError, NoHealthyBackend, UpstreamError, UpstreamTimeout
+from gateway.fleet.registry import Backend, Registry
+from gateway.metrics import GatewayMetrics
+from gateway.pipeline.accounting import Accounting
+from gateway.pipeline.edits import Edits
+from gateway.pipeline.exchange import Exchange
+from gateway.pipeline.headers import for_backend
+from gateway.pipeline.relay import IdleEnd, Relay
+from gateway.pipeline.router import Plan, Router
+from gateway.protocols.base import Inbound, ProtocolAdapter
+from gateway.upstream import UpstreamClient, UpstreamResponse, error_kind
+
+_MAX_ERROR_BODY = 64 * 1024
+
+
+class Attempts:
+    def __init__(
+        self,
+        registry: Registry,
+        upstream: UpstreamClient,
+        router: Router,
+        relay: Relay,
+        metrics: GatewayMetrics,
+        accounting: Accounting,
+        max_attempts: int,
+    ) -> None:
+        self._registry = registry
+        self._upstream = upstream
+        self._router = router
+        self._relay = relay
+        self._metrics = metrics
+        self._accounting = accounting
+        self._max_attempts = max_attempts
+
+    async def run(
+        self,
+        ex: Exchange,
+        send: Send,
+        protocol: ProtocolAdapter,
+        inbound: Inbound,
+        edits: Edits,
+        model: str | None,
+        headers: dict[str, str],
+        plan: Plan,
+        order: Sequence[Backend],
+        owner: IdleEnd,
+    ) -> None:
+        """Raises GatewayError when nothing could be relayed; the caller renders it."""
+        last_error: GatewayError | None = None
+        attempts = 0
+        bodies: dict[tuple[str | None, str], bytes] = {}
+        for backend in order:
+            if attempts >= self._max_attempts:
+                break
+            took_retry = False
+            if attempts > 0:
+                if not self._registry.try_take_retry():
+                    self._metrics.retry_budget_exhausted.labels(ex.route).inc()
+                    break
+                took_retry = True
+                self._metrics.retries.labels(ex.route, ex.pool).inc()
+            attempts += 1
+            ex.backend, ex.backend_name = backend, backend.name
+            gauge = self._accounting.in_flight(ex, backend)
+            self._registry.acquire(backend)
+            gauge.inc()
+            try:
+                target = protocol.target(inbound, backend.engine)
+                upstream_model = backend.model or model
+                body = bodies.get((upstream_model, target.path))
+                if body is None:
+                    body = bodies[(upstream_model, target.path)] = protocol.encode(
+                        inbound, edits, upstream_model, target
+                    )
+                try:
+                    if attempts == 1:
+                        self._accounting.sent(ex)
+                    resp = await self._upstream.post(
+                        backend.url + target.path, body, for_backend(headers, backend), backend.name
+                    )
+                except (UpstreamError, UpstreamTimeout) as exc:
+                    last_error = exc
+                    self._count_failure(backend, error_kind(exc))
+                    continue
+                if resp.status != 200:
+                    error = await _error_from(resp, backend)
+                    if resp.status >= 500 or resp.status == 429:
+                        last_error = error
+                        self._count_failure(
+                            backend, "status_429" if resp.status == 429 else "status_5xx", penalise=resp.status >= 500
+                        )
+                        continue
+                    raise error
+                self._registry.record_success(backend)
+                self._router.learn(plan, backend.name)
+                if inbound.stream:
+                    await self._relay.stream(ex, send, resp, protocol, inbound, edits, target, owner)
+                else:
+                    await self._relay.body(ex, send, resp, protocol, inbound, target)
+                return
+            finally:
+                gauge.dec()
+                self._registry.release(backend)
+                if took_retry:
+                    self._registry.give_back_retry()
+        raise last_error or NoHealthyBackend("No healthy backend is available.", retry_after=5)
+
+    def _count_failure(self, backend: Backend, kind: str, penalise: bool = True) -> None:
+        self._metrics.upstream_errors.labels(backend.pool, backend.name, kind).inc()
+        if penalise and self._registry.record_failure(backend):
+            self._metrics.backend_up.labels(backend.pool, backend.name, backend.engine).set(0)
+
+
+async def _error_from(resp: UpstreamResponse, backend: Backend) -> GatewayError:
+    raw = await resp.read_error(_MAX_ERROR_BODY)
+    norm = backend.adapter.normalise_error(resp.status, raw)
+    retry_after = _retry_after(resp.headers.get("retry-after"))
+    if resp.status == 503:
+        # Overloaded or not ready: keep the status so the client backs off as the engine asked.
+        return NoHealthyBackend(
+            f"Backend {backend.name} is unavailable (503).",
+            code="upstream_unavailable",
+            retry_after=retry_after if retry_after is not None else 1,
+        )
+    return EngineError(
+        norm.message, status=norm.status, type_=norm.type, code=norm.code, param=norm.param, retry_after=retry_after
+    )
+
+
+def _retry_after(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None

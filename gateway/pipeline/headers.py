@@ -1,0 +1,79 @@
+"""Every header the gateway builds, in one place: what goes upstream (the one drop list), and what
+the client gets back (the x-gateway-* headers, SSE and error headers)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from gateway.errors import GatewayError, PayloadTooLarge
+from gateway.fleet.registry import Backend
+from gateway.pipeline.exchange import Exchange
+
+# Never forwarded: hop-by-hop headers (RFC 9110 7.6.1), the client's credentials, and headers the
+# gateway sets itself. The backend's own key is added per attempt.
+DROP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+        "expect",
+        "authorization",
+        "proxy-authorization",
+        "cookie",
+        "x-api-key",
+        "api-key",
+        "accept-encoding",
+        "forwarded",
+        "x-forwarded-for",
+        "x-forwarded-host",
+        "x-forwarded-proto",
+    }
+)
+SSE = (
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+)
+
+
+def upstream_headers(headers: Mapping[str, str], request_id: str) -> dict[str, str]:
+    """The client's headers less the drop list (and any header its Connection names)."""
+    named = headers.get("connection", "")
+    drop = DROP | {t.strip().lower() for t in named.split(",")} if named else DROP
+    out = {k: v for k, v in headers.items() if k not in drop and not k.startswith("x-gateway-")}
+    out["content-type"] = "application/json"
+    out["accept-encoding"] = "identity"
+    out["x-request-id"] = request_id
+    return out
+
+
+def for_backend(base: dict[str, str], backend: Backend) -> dict[str, str]:
+    """The upstream headers with the backend's own key."""
+    if backend.api_key is None:
+        return base
+    return {**base, **backend.auth_headers()}
+
+
+def response_headers(ex: Exchange) -> list[tuple[bytes, bytes]]:
+    return [
+        (b"x-request-id", ex.request_id.encode()),
+        (b"x-gateway-pool", ex.pool.encode()),
+        (b"x-gateway-backend", ex.backend_name.encode()),
+        (b"x-gateway-rule", ex.rule.encode("latin-1", "replace")),
+        *ex.headers,
+    ]
+
+
+def error_headers(err: GatewayError, body: bytes, ex: Exchange) -> list[tuple[bytes, bytes]]:
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers += [(k.encode(), v.encode()) for k, v in err.headers().items()]
+    headers += response_headers(ex)
+    if isinstance(err, PayloadTooLarge):
+        headers.append((b"connection", b"close"))
+    return headers

@@ -1,0 +1,71 @@
+"""What the three OpenAI protocols share: every engine speaks them natively, so bodies and streams
+pass through; edits re-encode the body once; errors have OpenAI's shape."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from gateway.config import LimitsConfig
+from gateway.errors import GatewayError
+from gateway.pipeline.edits import NO_EDITS, Edits, apply_edits, needs_encoding
+from gateway.protocols.base import Api, Inbound, SseObserver, StreamTransform, Target
+from gateway.protocols.inbound import Kind, parse_request
+from gateway.protocols.sse import StreamObserver
+
+
+class OpenAIProtocol:
+    """A ProtocolAdapter for one of chat, completions, embeddings (they differ in parsing only)."""
+
+    __slots__ = ("_kind", "_target", "api", "path")
+
+    def __init__(self, kind: Kind, path: str) -> None:
+        self._kind: Kind = kind
+        self.api: Api = kind
+        self.path = path
+        self._target = Target(path)
+
+    def parse(self, raw: bytes, limits: LimitsConfig) -> Inbound:
+        return parse_request(
+            self._kind, raw, max_depth=limits.max_json_depth, max_n=limits.max_n, max_messages=limits.max_messages
+        )
+
+    def estimate_view(self, inbound: Inbound) -> Mapping[str, Any] | None:
+        return None if inbound.max_tokens_field is None else inbound.body
+
+    def base_edits(self, inbound: Inbound) -> Edits:
+        usage = inbound.stream and not inbound.include_usage
+        if not usage and not inbound.stripped:
+            return NO_EDITS
+        return Edits(include_usage=usage, drop_fields=inbound.stripped)
+
+    def target(self, inbound: Inbound, engine: str) -> Target:
+        return self._target
+
+    def encode(self, inbound: Inbound, edits: Edits, model: str | None, target: Target) -> bytes:
+        if not needs_encoding(edits, inbound.model, model):
+            return inbound.raw
+        return apply_edits(inbound.body, edits, inbound.max_tokens_field, model)
+
+    def observer(self, inbound: Inbound, edits: Edits, target: Target) -> SseObserver:
+        return StreamObserver(strip_usage=edits.include_usage)
+
+    def stream_transform(self, inbound: Inbound, target: Target) -> StreamTransform | None:
+        return None
+
+    def response_body(self, inbound: Inbound, raw: bytes, parsed: Any, target: Target) -> bytes:
+        return raw
+
+    def usage(self, parsed: Any) -> dict[str, Any] | None:
+        if isinstance(parsed, dict) and isinstance(parsed.get("usage"), dict):
+            usage: dict[str, Any] = parsed["usage"]
+            return usage
+        return None
+
+    def error_body(self, err: GatewayError) -> bytes:
+        return err.body_bytes()
+
+    def error_event(self, message: str, code: str) -> bytes:
+        event = {"error": {"message": message, "type": "upstream_error", "param": None, "code": code}}
+        return b"data: " + json.dumps(event).encode() + b"\n\n"
