@@ -47,6 +47,10 @@ class Router:
             rule.when.shared_prefix is not None for r in config.routes for rule in r.rules
         )
 
+    def balancer(self, pool: str) -> Balancer:
+        """The pool's balancer (its routing memory), for inspection."""
+        return self._balancers[pool]
+
     @property
     def platform(self) -> Platform:
         return self._platform
