@@ -15,7 +15,8 @@ from starlette.exceptions import HTTPException
 from gateway.asgi import Receive, Scope, Send
 from gateway.auth import ClientAuth
 from gateway.config import GatewayConfig
-from gateway.fleet.health import HealthChecker
+from gateway.fleet.capacity import Capacity
+from gateway.fleet.health import HealthChecker, HealthState
 from gateway.fleet.registry import Registry
 from gateway.fleet.scraper import LoadScraper
 from gateway.hostinfo import resolve_platform
@@ -43,6 +44,8 @@ class Gateway:
     config: GatewayConfig
     metrics: GatewayMetrics
     registry: Registry
+    capacity: Capacity
+    health_state: HealthState
     upstream: UpstreamClient
     router: Router
     caps: CapEnforcer
@@ -64,6 +67,8 @@ def build(
 ) -> Gateway:
     metrics = metrics or GatewayMetrics()
     registry = Registry(config)
+    capacity = Capacity(registry, config.retry)
+    health_state = HealthState(config.health)
     upstream = UpstreamClient(config.timeouts)
     resolved = platform or resolve_platform(config.routing.platform)
     router = Router(config, registry, metrics, resolved)
@@ -74,15 +79,19 @@ def build(
         config=config,
         metrics=metrics,
         registry=registry,
+        capacity=capacity,
+        health_state=health_state,
         upstream=upstream,
         router=router,
         caps=CapEnforcer(upstream, metrics),
         auth=ClientAuth([k.get_secret_value() for k in config.server.api_keys]),
         accounting=accounting,
-        admission=Admission(registry, router, config.limits, metrics),
+        admission=Admission(capacity, router, config.limits, metrics),
         relay=relay,
-        attempts=Attempts(registry, upstream, router, relay, metrics, accounting, config.retry.max_attempts),
-        health=HealthChecker(registry, upstream, metrics, config.health),
+        attempts=Attempts(
+            capacity, health_state, upstream, router, relay, metrics, accounting, config.retry.max_attempts
+        ),
+        health=HealthChecker(registry, health_state, upstream, metrics, config.health),
         scraper=LoadScraper(registry, upstream, metrics, config.health),
         lifecycle=lifecycle or Lifecycle(),
     )
@@ -225,7 +234,7 @@ class GatewayApp:
             task.cancel()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + drain_s
-        while old.gateway.registry.total_in_flight and loop.time() < deadline:
+        while old.gateway.capacity.total_in_flight and loop.time() < deadline:
             await asyncio.sleep(0.1)
         await _stop(old)
         for backend in old.gateway.registry:

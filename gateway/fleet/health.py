@@ -1,16 +1,17 @@
-"""Active health checks: an asyncio task, started in lifespan, that polls each backend's health
-path and flips it in the registry. Passive ejection (5xx, connect errors) lives in the proxy."""
+"""Backend health: the state machine (active check results, passive failures from the attempts,
+slow-start re-admission) and the active checker, an asyncio task started in lifespan that polls
+each backend's health path (and refreshes DNS discovery) every round."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-import socket
 import time
 
 from gateway.config import HealthConfig
 from gateway.errors import GatewayError
+from gateway.fleet.discovery import apply_discovery, resolve
 from gateway.fleet.registry import Backend, Registry
 from gateway.metrics import GatewayMetrics
 from gateway.upstream import UpstreamClient
@@ -18,11 +19,55 @@ from gateway.upstream import UpstreamClient
 log = logging.getLogger(__name__)
 
 
+class HealthState:
+    """How results move a backend between healthy and not. Passive: connect errors and 5xx count,
+    a 4xx is the client's fault, not the backend's."""
+
+    def __init__(self, config: HealthConfig) -> None:
+        self._config = config
+
+    def record_failure(self, backend: Backend) -> bool:
+        """Returns True when this failure ejected the backend."""
+        backend.consecutive_failures += 1
+        if backend.healthy and backend.consecutive_failures >= self._config.unhealthy_after:
+            backend.healthy = False
+            return True
+        return False
+
+    def record_success(self, backend: Backend) -> None:
+        backend.consecutive_failures = 0
+
+    def set_health(self, backend: Backend, healthy: bool, now: float | None = None) -> None:
+        if healthy and not backend.healthy:
+            backend.consecutive_failures = 0
+            if backend.checked and now is not None:  # back from an outage (not the first admission)
+                backend.readmitted_at = now
+        backend.checked = True
+        backend.healthy = healthy
+
+    def record_check(self, backend: Backend, ok: bool, now: float | None = None) -> None:
+        """One active health check's result. A backend never checked before takes the result at once
+        (start-up); a healthy one is marked down only after `failed_checks` failures in a row."""
+        if ok:
+            backend.failed_checks = 0
+            self.set_health(backend, True, now)
+            return
+        backend.failed_checks += 1
+        if not backend.checked or not backend.healthy or backend.failed_checks >= self._config.failed_checks:
+            self.set_health(backend, False)
+
+
 class HealthChecker:
     def __init__(
-        self, registry: Registry, upstream: UpstreamClient, metrics: GatewayMetrics, config: HealthConfig
+        self,
+        registry: Registry,
+        state: HealthState,
+        upstream: UpstreamClient,
+        metrics: GatewayMetrics,
+        config: HealthConfig,
     ) -> None:
         self._registry = registry
+        self._state = state
         self._upstream = upstream
         self._metrics = metrics
         self._config = config
@@ -44,16 +89,11 @@ class HealthChecker:
     async def discover(self) -> None:
         """Resolve every `discover: true` entry and update its members. A failed lookup keeps the
         members it had: DNS trouble must not empty a pool."""
-        loop = asyncio.get_running_loop()
         for entry in self._registry.discovered:
-            try:
-                async with asyncio.timeout(self._config.timeout_s):
-                    infos = await loop.getaddrinfo(entry.host, entry.port, type=socket.SOCK_STREAM)
-            except (OSError, TimeoutError) as exc:
-                log.warning("cannot resolve %s for pool %s: %s", entry.host, entry.pool, exc)
+            addresses = await resolve(entry, self._config.timeout_s)
+            if addresses is None:
                 continue
-            addresses = sorted({str(info[4][0]) for info in infos})
-            added, removed = self._registry.apply_discovery(entry, addresses)
+            added, removed = apply_discovery(self._registry, entry, addresses)
             for backend in added:
                 log.info("discovered backend %s (pool %s) at %s", backend.name, backend.pool, backend.url)
             for backend in removed:
@@ -81,7 +121,7 @@ class HealthChecker:
             if backend.retired:
                 continue
             was = backend.healthy
-            self._registry.record_check(backend, ok, time.monotonic())
+            self._state.record_check(backend, ok, time.monotonic())
             now = backend.healthy
             self._metrics.backend_up.labels(backend.pool, backend.name, backend.engine).set(1 if now else 0)
             if was != now:

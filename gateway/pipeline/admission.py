@@ -1,5 +1,5 @@
 """Admission: the backends a planned request may try now, or a wait in the bounded FIFO queue for a
-slot when every healthy one is at its max_in_flight (capacity and the queue are the registry's)."""
+slot when every healthy one is at its max_in_flight (the queue itself is fleet/capacity.py's)."""
 
 from __future__ import annotations
 
@@ -7,14 +7,15 @@ import time
 
 from gateway.config import LimitsConfig
 from gateway.errors import NoHealthyBackend, Overloaded
-from gateway.fleet.registry import Backend, Registry
+from gateway.fleet.capacity import Capacity
+from gateway.fleet.registry import Backend
 from gateway.metrics import GatewayMetrics
 from gateway.pipeline.router import Plan, Router
 
 
 class Admission:
-    def __init__(self, registry: Registry, router: Router, limits: LimitsConfig, metrics: GatewayMetrics) -> None:
-        self._registry = registry
+    def __init__(self, capacity: Capacity, router: Router, limits: LimitsConfig, metrics: GatewayMetrics) -> None:
+        self._capacity = capacity
         self._router = router
         self._limits = limits
         self._metrics = metrics
@@ -28,7 +29,7 @@ class Admission:
         saturated = plan.saturated
         while not backends and saturated and plan.key is not None:
             left = deadline - time.perf_counter()
-            if not await self._registry.wait_for_slot(plan.pool, left, self._limits.max_queue):
+            if not await self._capacity.wait_for_slot(plan.pool, left, self._limits.max_queue):
                 raise Overloaded(f"Every backend of pool '{plan.pool}' is at its concurrency limit.", retry_after=1)
             backends, saturated, home = self._router.order(plan.pool, plan.key)
             plan = Plan(plan.pool, plan.rule, backends, plan.facts, plan.fingerprint, plan.key, saturated, home)

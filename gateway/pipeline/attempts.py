@@ -8,7 +8,9 @@ from collections.abc import Sequence
 
 from gateway.asgi import Send
 from gateway.errors import EngineError, GatewayError, NoHealthyBackend, UpstreamError, UpstreamTimeout
-from gateway.fleet.registry import Backend, Registry
+from gateway.fleet.capacity import Capacity
+from gateway.fleet.health import HealthState
+from gateway.fleet.registry import Backend
 from gateway.metrics import GatewayMetrics
 from gateway.pipeline.accounting import Accounting
 from gateway.pipeline.edits import Edits
@@ -25,7 +27,8 @@ _MAX_ERROR_BODY = 64 * 1024
 class Attempts:
     def __init__(
         self,
-        registry: Registry,
+        capacity: Capacity,
+        health: HealthState,
         upstream: UpstreamClient,
         router: Router,
         relay: Relay,
@@ -33,7 +36,8 @@ class Attempts:
         accounting: Accounting,
         max_attempts: int,
     ) -> None:
-        self._registry = registry
+        self._capacity = capacity
+        self._health = health
         self._upstream = upstream
         self._router = router
         self._relay = relay
@@ -63,7 +67,7 @@ class Attempts:
                 break
             took_retry = False
             if attempts > 0:
-                if not self._registry.try_take_retry():
+                if not self._capacity.try_take_retry():
                     self._metrics.retry_budget_exhausted.labels(ex.route).inc()
                     break
                 took_retry = True
@@ -71,7 +75,7 @@ class Attempts:
             attempts += 1
             ex.backend, ex.backend_name = backend, backend.name
             gauge = self._accounting.in_flight(ex, backend)
-            self._registry.acquire(backend)
+            self._capacity.acquire(backend)
             gauge.inc()
             try:
                 target = protocol.target(inbound, backend.engine)
@@ -100,7 +104,7 @@ class Attempts:
                         )
                         continue
                     raise error
-                self._registry.record_success(backend)
+                self._health.record_success(backend)
                 self._router.learn(plan, backend.name)
                 if inbound.stream:
                     await self._relay.stream(ex, send, resp, protocol, inbound, edits, target, owner)
@@ -109,14 +113,14 @@ class Attempts:
                 return
             finally:
                 gauge.dec()
-                self._registry.release(backend)
+                self._capacity.release(backend)
                 if took_retry:
-                    self._registry.give_back_retry()
+                    self._capacity.give_back_retry()
         raise last_error or NoHealthyBackend("No healthy backend is available.", retry_after=5)
 
     def _count_failure(self, backend: Backend, kind: str, penalise: bool = True) -> None:
         self._metrics.upstream_errors.labels(backend.pool, backend.name, kind).inc()
-        if penalise and self._registry.record_failure(backend):
+        if penalise and self._health.record_failure(backend):
             self._metrics.backend_up.labels(backend.pool, backend.name, backend.engine).set(0)
 
 

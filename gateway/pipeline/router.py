@@ -120,7 +120,7 @@ class Router:
         now = time.monotonic() if now is None else now
         ordered, home = self._balancers[pool].decide(self._registry.candidates(pool, now), key)
         by_name = self._registry.by_name
-        backends = [by_name[c.name] for c in ordered if self._registry.has_capacity(by_name[c.name])]
+        backends = [by_name[c.name] for c in ordered if by_name[c.name].has_room()]
         return backends, bool(ordered) and not backends, home
 
     def learn(self, plan: Plan, served: str) -> None:

@@ -32,7 +32,7 @@ def explain(config: GatewayConfig, raw: bytes, kind: Kind = "chat", platform: Pl
         return {"error": {"message": f"no route for model {inbound.model!r}", "code": "model_not_found"}}
     registry = Registry(config)
     for backend in registry:  # explain assumes every backend is healthy; it does no I/O
-        registry.set_health(backend, True)
+        backend.healthy = backend.checked = True
     router = Router(config, registry, GatewayMetrics(), platform or resolve_platform(config.routing.platform))
     view = inbound.body if inbound.max_tokens_field is not None else None
     plan = router.plan(route, inbound, view, {})

@@ -114,8 +114,8 @@ async def check_invariants(stack: Stack) -> None:
     async with asyncio.timeout(2):
         while any(v != 0 for _, v in stack.samples("gateway_requests_in_flight")):
             await asyncio.sleep(0.01)
-    assert stack.gateway.registry.total_in_flight == 0
-    assert stack.gateway.registry.retries_in_flight == 0
+    assert stack.gateway.capacity.total_in_flight == 0
+    assert stack.gateway.capacity.retries_in_flight == 0
     for sim in stack.sims.values():
         await sim.wait_until(lambda s: s.active == 0, timeout=2)
     routes = {r.label for r in stack.gateway.config.routes} | {"__unknown__"}

@@ -139,7 +139,7 @@ async def test_connection_refused_fails_over(make_stack: StackFactory) -> None:
         pools={"vllm": ["http://127.0.0.1:9", sim_params()]}, pool_vllm={"balancer": "first_healthy"}
     )
     # The closed port failed its startup health check; force it "healthy" to exercise failover.
-    stack.gateway.registry.set_health(stack.gateway.registry.by_name["vllm-0"], True)
+    stack.gateway.health_state.set_health(stack.gateway.registry.by_name["vllm-0"], True)
     r = await post(stack.base_url, chat(max_tokens=1))
     assert r.status_code == 200 and r.headers["x-gateway-backend"] == "vllm-1"
     assert stack.total("gateway_upstream_errors_total", kind="connect") == 1

@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 
 from gateway.config import GatewayConfig, parse_config
+from gateway.fleet.capacity import Capacity
+from gateway.fleet.health import HealthState
 from gateway.fleet.registry import Registry
 from gateway.metrics import GatewayMetrics
 from gateway.pipeline.router import Router
@@ -86,8 +88,9 @@ def choices(
     the last N requests stay in flight (so the load bound takes part), identically on every run."""
     cfg = config(names)
     registry = Registry(cfg)
+    capacity, health = Capacity(registry, cfg.retry), HealthState(cfg.health)
     for backend in registry:
-        registry.set_health(backend, True)
+        health.set_health(backend, True)
     router = Router(cfg, registry, GatewayMetrics(), "nvidia_gpu")
     route = cfg.route_for("m")
     assert route is not None
@@ -101,10 +104,10 @@ def choices(
         router.learn(plan, backend.name)  # it served: the gateway learns once the first byte arrives
         picked.append(backend.name)
         if in_flight_window:
-            registry.acquire(backend)
+            capacity.acquire(backend)
             in_flight.append(backend)
             if len(in_flight) > in_flight_window:
-                registry.release(in_flight.popleft())
+                capacity.release(in_flight.popleft())
     return picked
 
 

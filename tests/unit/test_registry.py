@@ -1,18 +1,45 @@
-"""Backend state: active checks need `failed_checks` failures in a row, passive ejection needs
-`unhealthy_after`, and the retry budget is 20 % of in-flight with a floor."""
+"""The fleet: active checks need `failed_checks` failures in a row, passive ejection needs
+`unhealthy_after`, the retry budget is 20 % of in-flight with a floor, DNS discovery keeps busy
+members until their requests end, and slow start ramps a returning backend."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
-from gateway.config import parse_config
-from gateway.fleet.registry import Registry
+from gateway.config import GatewayConfig, parse_config
+from gateway.fleet.capacity import Capacity
+from gateway.fleet.discovery import Discovered, apply_discovery
+from gateway.fleet.health import HealthState
+from gateway.fleet.registry import Backend, Registry
 
 pytestmark = pytest.mark.unit
 
 
-def registry(**health: object) -> Registry:
-    return Registry(
+class Fleet:
+    """A registry with its capacity and health state, as create_app wires them."""
+
+    def __init__(self, config: GatewayConfig) -> None:
+        self.registry = reg = Registry(config)
+        self.capacity = Capacity(reg, config.retry)
+        self.health = HealthState(config.health)
+        self.by_name, self.pools, self.discovered = reg.by_name, reg.pools, reg.discovered
+        self.candidates, self.pool_available = reg.candidates, reg.pool_available
+        self.record_check, self.record_failure = self.health.record_check, self.health.record_failure
+        self.record_success = self.health.record_success
+        self.acquire, self.release = self.capacity.acquire, self.capacity.release
+        self.try_take_retry, self.give_back_retry = self.capacity.try_take_retry, self.capacity.give_back_retry
+
+    def apply_discovery(self, entry: Discovered, addresses: list[str]) -> tuple[list[Backend], list[Backend]]:
+        return apply_discovery(self.registry, entry, addresses)
+
+    def __iter__(self) -> Iterator[Backend]:
+        return iter(self.registry)
+
+
+def registry(**health: object) -> Fleet:
+    return Fleet(
         parse_config(
             {
                 "pools": {
@@ -63,7 +90,7 @@ def test_retry_budget_floor_and_ratio() -> None:
 
 
 def test_dns_discovery_adds_retires_and_drops_members() -> None:
-    reg = Registry(
+    reg = Fleet(
         parse_config(
             {
                 "pools": {

@@ -1,0 +1,89 @@
+"""DNS discovery: a `discover: true` backend entry's members are the addresses its host name
+resolves to (Kubernetes headless Services). A member that leaves DNS is retired: it takes no new
+requests and leaves the registry when its last one ends."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit, urlunsplit
+
+from engines.base import EngineAdapter
+from gateway.config import BackendConfig
+
+if TYPE_CHECKING:
+    from gateway.fleet.registry import Backend, Registry
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class Discovered:
+    """A `discover: true` backend entry: its members are the addresses its host name resolves to."""
+
+    pool: str
+    base: str
+    config: BackendConfig
+    adapter: EngineAdapter
+    members: dict[str, Backend] = field(default_factory=dict)
+    """address -> the backend made for it"""
+
+    @property
+    def host(self) -> str:
+        return urlsplit(self.config.url).hostname or ""
+
+    @property
+    def port(self) -> int:
+        url = urlsplit(self.config.url)
+        return url.port or (443 if url.scheme == "https" else 80)
+
+    @staticmethod
+    def suffix(address: str) -> str:
+        return address.replace(":", "-")
+
+    def member_name(self, address: str) -> str:
+        return f"{self.base}-{self.suffix(address)}"
+
+    def url_for(self, address: str) -> str:
+        url = urlsplit(self.config.url.rstrip("/"))
+        host = f"[{address}]" if ":" in address else address
+        return urlunsplit((url.scheme, f"{host}:{self.port}", url.path, "", ""))
+
+
+def apply_discovery(registry: Registry, entry: Discovered, addresses: list[str]) -> tuple[list[Backend], list[Backend]]:
+    """Make the entry's members exactly `addresses`: (added, removed). A removed member with
+    requests in flight is retired and leaves the registry when its last request ends."""
+    added: list[Backend] = []
+    removed: list[Backend] = []
+    for address, member in list(entry.members.items()):
+        if not registry.holds(member):
+            del entry.members[address]
+    for address in addresses:
+        backend = entry.members.get(address)
+        if backend is not None:
+            backend.retired = False  # back in DNS before its last request ended
+            continue
+        backend = entry.members[address] = registry.make_member(entry, address)
+        added.append(backend)
+    for address, backend in list(entry.members.items()):
+        if address not in addresses and not backend.retired:
+            backend.retired = True
+            removed.append(backend)
+            registry.drop_if_idle(backend)
+    return added, removed
+
+
+async def resolve(entry: Discovered, timeout_s: float) -> list[str] | None:
+    """The addresses the entry's host name resolves to; None when the lookup failed (the caller
+    keeps the members it had: DNS trouble must not empty a pool)."""
+    loop = asyncio.get_running_loop()
+    try:
+        async with asyncio.timeout(timeout_s):
+            infos = await loop.getaddrinfo(entry.host, entry.port, type=socket.SOCK_STREAM)
+    except (OSError, TimeoutError) as exc:
+        log.warning("cannot resolve %s for pool %s: %s", entry.host, entry.pool, exc)
+        return None
+    return sorted({str(info[4][0]) for info in infos})
