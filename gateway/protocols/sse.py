@@ -31,11 +31,14 @@ class StreamObserver:
 
     In pass-through mode (the client asked for usage itself, or none was injected) the bytes
     are the chunk, unchanged. When the gateway injected `stream_options.include_usage` on the
-    client's behalf, it relays whole events only and drops the usage-only event it added."""
+    client's behalf, it relays whole events only and drops the usage-only event it added.
+    `whole_events` asks for whole events without dropping any (a protocol that translates the
+    stream, event by event, needs them)."""
 
     __slots__ = (
         "_carry",
         "_strip_usage",
+        "_whole",
         "content_events",
         "done",
         "error",
@@ -46,9 +49,10 @@ class StreamObserver:
         "usage",
     )
 
-    def __init__(self, strip_usage: bool) -> None:
+    def __init__(self, strip_usage: bool, whole_events: bool = False) -> None:
         self._carry = b""
         self._strip_usage = strip_usage
+        self._whole = strip_usage or whole_events
         self.events = 0
         self.content_events = 0
         self.done = False
@@ -65,7 +69,7 @@ class StreamObserver:
         end = data.rfind(b"\n\n")
         if end < 0:
             self._carry = data
-            return b"" if self._strip_usage else chunk
+            return b"" if self._whole else chunk
         self._carry = data[end + 2 :]
         complete = data[: end + 2]
         dropped = False
@@ -76,9 +80,9 @@ class StreamObserver:
             if self._observe(event, now) and self._strip_usage:
                 dropped = True
                 continue
-            if self._strip_usage:
+            if self._whole:
                 out.append(event)
-        if not self._strip_usage:
+        if not self._whole:
             return chunk
         if not out:
             return b""
@@ -116,7 +120,7 @@ class StreamObserver:
     def flush(self) -> bytes:
         """Bytes still held back when the upstream ended (only in strip mode)."""
         rest, self._carry = self._carry, b""
-        return rest if self._strip_usage else b""
+        return rest if self._whole else b""
 
 
 def _decode(event: bytes) -> dict[str, Any] | None:

@@ -80,3 +80,14 @@ def test_pings_are_not_events() -> None:
     obs = StreamObserver(strip_usage=False)
     obs.feed(b": ping\n\n" + chunk("a"), 1.0)
     assert obs.events == 1
+
+
+def test_whole_events_mode_keeps_every_event_and_cuts_none() -> None:
+    """For a protocol that translates the stream event by event: whole events only, none dropped."""
+    obs = StreamObserver(strip_usage=False, whole_events=True)
+    usage = b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1}}\n\n'
+    stream = b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\n' + usage + b"data: [DONE]\n\n"
+    out = [obs.feed(stream[i : i + 7], float(i)) for i in range(0, len(stream), 7)]
+    assert b"".join(out) + obs.flush() == stream
+    assert all(piece == b"" or piece.endswith(b"\n\n") for piece in out)
+    assert obs.done and obs.usage == {"prompt_tokens": 3, "completion_tokens": 1} and obs.content_events == 1
