@@ -29,6 +29,10 @@ class Edits:
 
     def then(self, later: Edits) -> Edits:
         """These edits followed by `later`'s: its values win where it sets one; headers add up."""
+        if later is NO_EDITS:
+            return self
+        if self is NO_EDITS:
+            return later
         return Edits(
             max_tokens=later.max_tokens if later.max_tokens is not None else self.max_tokens,
             messages=later.messages if later.messages is not None else self.messages,

@@ -175,3 +175,19 @@ async def test_garbage_sse_is_relayed_and_accounted(make_stack: StackFactory) ->
     r = await post(stack.base_url, chat(stream=True, max_tokens=3), "garbage=1")
     assert r.status_code == 200
     assert sse_events(r.content)[-1] == "[DONE]"
+
+
+async def test_a_gateway_bug_is_internal_error_not_an_upstream_failure(
+    make_stack: StackFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stack = await make_stack()
+
+    async def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("a bug in the relay")
+
+    monkeypatch.setattr(stack.gateway.relay, "body", broken)
+    r = await post(stack.base_url, chat())
+    assert r.status_code == 500 and r.json()["error"]["code"] == "internal_error"
+    assert stack.total("gateway_requests_total", outcome="internal_error") == 1
+    assert stack.total("gateway_requests_total", outcome="upstream_error_before_first_byte") == 0
+    assert stack.gateway.registry.by_name["vllm-0"].consecutive_failures == 0
