@@ -90,3 +90,23 @@ def test_one_composition_root() -> None:
     """Only app.py builds the long-lived objects; no module keeps a mutable global registry."""
     builders = [p for p in (ROOT / "gateway").rglob("*.py") if "GatewayMetrics()" in p.read_text()]
     assert {p.relative_to(ROOT / "gateway").as_posix() for p in builders} <= {"app.py", "tools/explain.py"}
+
+
+def test_aiohttp_is_seen_only_by_the_upstream_module() -> None:
+    """One boundary for the client library's errors (httpx's map_httpcore_exceptions pattern)."""
+    users = {p.relative_to(ROOT).as_posix() for p in (ROOT / "gateway").rglob("*.py") if "aiohttp" in imports(p)}
+    assert users == {"gateway/upstream.py"}
+
+
+def test_only_the_endpoint_uncancels() -> None:
+    """One owner decides why a request ended; nothing else swallows a cancellation."""
+    users = {p.relative_to(ROOT).as_posix() for p in (ROOT / "gateway").rglob("*.py") if ".uncancel(" in p.read_text()}
+    assert users == {"gateway/pipeline/endpoint.py"}
+
+
+def test_the_pipeline_has_no_protocol_branches() -> None:
+    """The pipeline is parameterised by a ProtocolAdapter: no test of which protocol it is."""
+    for path in (ROOT / "gateway" / "pipeline").rglob("*.py"):
+        text = path.read_text()
+        for name in ("chat", "completions", "embeddings", "messages", "responses"):
+            assert f'== "{name}"' not in text and f'!= "{name}"' not in text, f"{path.name} branches on {name}"
