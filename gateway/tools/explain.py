@@ -11,20 +11,16 @@ from gateway.fleet.registry import Registry
 from gateway.metrics import GatewayMetrics
 from gateway.pipeline.router import Router
 from gateway.policy.rules import Platform, matches, rule_label
-from gateway.protocols.inbound import Kind, parse_request
+from gateway.protocols.base import Api
+from gateway.protocols.catalog import PROTOCOLS
 
 
-def explain(config: GatewayConfig, raw: bytes, kind: Kind = "chat", platform: Platform | None = None) -> dict[str, Any]:
+def explain(config: GatewayConfig, raw: bytes, kind: Api = "chat", platform: Platform | None = None) -> dict[str, Any]:
     from gateway.hostinfo import resolve_platform
 
+    protocol = PROTOCOLS[kind]
     try:
-        inbound = parse_request(
-            kind,
-            raw,
-            max_depth=config.limits.max_json_depth,
-            max_n=config.limits.max_n,
-            max_messages=config.limits.max_messages,
-        )
+        inbound = protocol.parse(raw, config.limits)
     except GatewayError as exc:
         return {"error": exc.body()["error"]}
     route = config.route_for(inbound.model)
@@ -34,12 +30,10 @@ def explain(config: GatewayConfig, raw: bytes, kind: Kind = "chat", platform: Pl
     for backend in registry:  # explain assumes every backend is healthy; it does no I/O
         backend.healthy = backend.checked = True
     router = Router(config, registry, GatewayMetrics(), platform or resolve_platform(config.routing.platform))
-    view = inbound.body if inbound.max_tokens_field is not None else None
-    plan = router.plan(route, inbound, view, {})
+    plan = router.plan(route, inbound, protocol.estimate_view(inbound), {})
     facts, fp = plan.facts, plan.fingerprint
-    k: Kind = kind
     return {
-        "kind": k,
+        "kind": kind,
         "route": route.label,
         "platform": router.platform,
         "fingerprint_blocks": len(fp),
