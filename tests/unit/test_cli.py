@@ -43,3 +43,40 @@ def test_explain_shows_the_decision(tmp_path: Path, capsys: pytest.CaptureFixtur
         out = json.loads(capsys.readouterr().out)
         assert out["decision"]["pool"] == pool
         assert out["backends_in_order"] == [f"{pool}-0"]
+
+
+def test_check_reports_each_mistake_once_with_suggestions(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 10's example: three mistakes are three lines (no phantom `routes: Tuple should have at
+    least 1 item`), each with a "did you mean"."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "pools:\n  vllm:\n    engine: vlm\n    backends: [{url: 'http://127.0.0.1:8000'}]\n"
+        "routes:\n  - model: '*'\n    pools: [vllm]\n    caps: {max_context_token: 4096, on_exceed: rejct}\n"
+    )
+    assert main(["check", str(bad)]) == 1
+    problems = capsys.readouterr().err.splitlines()[1:]
+    assert problems == [
+        "  pools.vllm.engine: Input should be 'vllm', 'sglang', 'llamacpp', 'trtllm', 'lmdeploy', 'nim', 'ollama',"
+        " 'openai' or 'sim'; did you mean 'vllm'?",
+        "  routes.0.caps.on_exceed: Input should be 'reject' or 'truncate_oldest'; did you mean 'reject'?",
+        "  routes.0.caps.max_context_token: unknown key 'max_context_token'; did you mean 'max_context_tokens'?",
+    ]
+
+
+def test_check_a_misspelt_required_key_is_one_mistake(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("pools: {a: {engine: vllm, backend: []}}\nservr: {}\nroutes: [{model: m, pools: [a]}]\n")
+    assert main(["check", str(bad)]) == 1
+    assert capsys.readouterr().err.splitlines()[1:] == [
+        "  pools.a.backend: unknown key 'backend'; did you mean 'backends'?",
+        "  servr: unknown key 'servr'; did you mean 'server'?",
+    ]
+
+
+def test_check_names_the_file_and_line_of_a_yaml_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("pools:\n  a: b\n    c: d\n")
+    assert main(["check", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert f"{bad}, line 3, column 6: invalid YAML: mapping values are not allowed here" in err
+    assert "<unicode string>" not in err
