@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from engines.base import EngineLoad, LaunchSpec, NormalisedError, TokenizeCall
+from engines.context_error import in_openai_words
 from engines.promtext import LoadTable
 
 Messages = Sequence[Mapping[str, Any]] | None
@@ -101,7 +102,7 @@ def normalise_error(status: int, body: bytes, client_faults: tuple[str, ...] = (
         or any(phrase in lower for phrase in CONTEXT_PHRASES)
     ):
         # Whatever status the engine used (llama.cpp builds differ: 400 or 500), it's the client's.
-        message = message or "the prompt is longer than the model's context window"
+        message = in_openai_words(message) if message else "the prompt is longer than the model's context window"
         return NormalisedError(400, message, "invalid_request_error", "context_length_exceeded", param)
     if 400 <= status < 500:
         if status in (401, 403):
