@@ -191,6 +191,11 @@ def no_launch(spec: LaunchSpec) -> list[str]:
     return []
 
 
+def name_flag(flag: str, name: str | None) -> list[str]:
+    """The engine's served-name flag and the name, or nothing when the model path is the name."""
+    return [] if name is None else [flag, name]
+
+
 def cap_flag(flag: str, value: int | None) -> list[str]:
     """The engine's cap flag and value, or nothing when the route has no cap (the engine's default)."""
     return [] if value is None else [flag, str(value)]

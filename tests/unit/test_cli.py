@@ -33,6 +33,28 @@ def test_plan_pushes_the_cap_into_each_engine(capsys: pytest.CaptureFixture[str]
     assert "-c 262144 --parallel 4" in out  # llama.cpp splits -c across its slots
     # Llama-3-8B: 128 KiB per token -> 65536 tokens = 8.59 GB per sequence, 34.36 GB for 4.
     assert "8.59 GB per sequence" in out and "34.36 GB for 4" in out
+    # ...and its window is 8192 (max_position_embeddings): each of the three backends is warned.
+    warning = "# WARNING: the cap (65,536 tokens) is over the model's context window (8,192"
+    assert out.count(warning) == 3
+    assert "vllm serve '<MODEL_PATH>' --host 127.0.0.1 --port 8000" in out  # loopback URL, loopback bind
+
+
+def test_plan_within_the_window_does_not_warn(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = ROOT / "tests/fixtures/hf_configs/Qwen2.5-7B/config.json"  # window 131072 > the cap of 65536
+    assert json.loads(cfg.read_text())["max_position_embeddings"] > 65536
+    assert main(["plan", "--model-config", str(cfg)]) == 0
+    assert "WARNING" not in capsys.readouterr().out
+
+
+def test_plan_for_compose_names_the_model_and_binds_all_interfaces(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 10: not `vllm serve tiny --host vllm` (the served name as the model path, a DNS name
+    as the bind address) but a model-path placeholder, the served name, and 0.0.0.0."""
+    assert main(["plan", "--config", str(ROOT / "deploy/compose/gateway.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "vllm serve '<MODEL_PATH>' --served-model-name tiny --host 0.0.0.0 --port 8000 --max-model-len" in out
+    assert "--model-path '<MODEL_PATH>' --served-model-name tiny --host 0.0.0.0 --port 30000" in out
+    assert "llama-server -m '<MODEL_PATH>' --alias tiny --host 0.0.0.0 --port 8080" in out
+    assert "--host vllm" not in out and "serve tiny" not in out
 
 
 def test_explain_shows_the_decision(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
