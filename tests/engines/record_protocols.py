@@ -200,6 +200,36 @@ def record_stored(rec: Recorder) -> None:
     rec.record("stored_error_previous_unknown", "POST", "/v1/responses", {**base, "previous_response_id": "resp_nope"})
 
 
+# Native exchanges whose request is also sent translated to /v1/chat/completions, as chat_for_NAME:
+# the translators' unit tests turn those chat answers back and compare them with the native ones.
+TRANSLATED = {
+    "messages": "messages",
+    "messages_stream": "messages",
+    "messages_tools": "messages",
+    "messages_tools_stream": "messages",
+    "messages_tool_result": "messages",
+    "responses": "responses",
+    "responses_stream": "responses",
+    "responses_tools": "responses",
+    "responses_tools_stream": "responses",
+    "responses_function_call_output": "responses",
+}
+
+
+def record_translated(rec: Recorder) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from gateway.protocols.messages_translate import messages_to_chat
+    from gateway.protocols.responses_translate import responses_to_chat
+
+    for name, protocol in TRANSLATED.items():
+        native = json.loads((rec.out / f"{name}.json").read_text())["request"]["body"]
+        chat = messages_to_chat(native) if protocol == "messages" else responses_to_chat(native)
+        if chat.get("stream"):
+            rec.record_stream(f"chat_for_{name}", "/v1/chat/completions", chat)
+        else:
+            rec.record(f"chat_for_{name}", "POST", "/v1/chat/completions", chat)
+
+
 def record_tokenize(rec: Recorder) -> None:
     tok = rec.record("tokenize_prompt", "POST", "/tokenize", {"model": MODEL, "prompt": "The gateway routes"})
     rec.record(
@@ -314,6 +344,7 @@ def record_engine(kind: str, out_root: Path, url: str | None) -> None:
         record_messages(rec)
         record_responses(rec)
         record_tokenize(rec)
+        record_translated(rec)
         version = request(server, "GET", "/version") if kind == "vllm" else request(server, "GET", "/props")
         rec.save_json(
             "meta",
@@ -340,9 +371,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("engine", choices=["llamacpp", "vllm", "sglang", "all"])
     parser.add_argument("--url", help="record from a server already running at this base URL")
+    parser.add_argument("--translated", action="store_true", help="only the chat_for_* exchanges")
     parser.add_argument("--stored", action="store_true", help="only the stored_* exchanges (vLLM with the store on)")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "fixtures")
     args = parser.parse_args()
+    if args.translated:
+        record_translated(Recorder(UrlServer(args.url), args.out / args.engine / "protocols"))
+        return
     if args.stored:
         record_stored(Recorder(UrlServer(args.url), args.out / args.engine / "protocols"))
         return
