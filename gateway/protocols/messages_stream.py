@@ -74,7 +74,7 @@ class MessagesStream:
         usage = usage_to_anthropic(event.get("usage"))
         if self._input_tokens is not None and not isinstance(event.get("usage"), dict):
             usage["input_tokens"] = self._input_tokens
-        message = {
+        message: dict[str, Any] = {
             "id": message_id(event.get("id")),
             "type": "message",
             "role": "assistant",
@@ -111,11 +111,14 @@ class MessagesStream:
         if self._open != kind:
             block = {"type": "text", "text": ""} if kind == "text" else {"type": "thinking", "thinking": ""}
             out = self._open_block(kind, block)
-        return out + encode_event("content_block_delta", {"type": "content_block_delta", "index": self._index, "delta": delta})
+        return out + encode_event(
+            "content_block_delta", {"type": "content_block_delta", "index": self._index, "delta": delta}
+        )
 
     def _tool_call(self, call: dict[str, Any]) -> bytes:
         out = b""
-        position = call.get("index") if isinstance(call.get("index"), int) else 0
+        index = call.get("index")
+        position = index if isinstance(index, int) else 0
         function = call.get("function") if isinstance(call.get("function"), dict) else {}
         assert isinstance(function, dict)
         if position not in self._tool_blocks:

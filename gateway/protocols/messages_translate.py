@@ -121,7 +121,9 @@ def _convert_block(
         if not isinstance(block.get("name"), str) or not isinstance(block.get("id"), str):
             raise InvalidRequest(f"{where}: a tool_use block needs a string id and name.", param=where)
         arguments = json.dumps(block.get("input") or {})
-        tool_calls.append({"id": block["id"], "type": "function", "function": {"name": block["name"], "arguments": arguments}})
+        tool_calls.append(
+            {"id": block["id"], "type": "function", "function": {"name": block["name"], "arguments": arguments}}
+        )
     elif kind == "tool_result":
         _convert_tool_result(block, role, where, parts, out)
     elif kind == "thinking":
@@ -141,7 +143,9 @@ def _image_url(source: Any, where: str) -> str:
     raise InvalidRequest(f"{where}.source: an image needs a base64 or url source.", param=f"{where}.source")
 
 
-def _convert_tool_result(block: dict[str, Any], role: str, where: str, parts: list[dict[str, Any]], out: list[dict[str, Any]]) -> None:
+def _convert_tool_result(
+    block: dict[str, Any], role: str, where: str, parts: list[dict[str, Any]], out: list[dict[str, Any]]
+) -> None:
     content = block.get("content")
     images: list[str] = []
     if content is None or isinstance(content, str):
@@ -263,7 +267,9 @@ def tool_input(arguments: Any) -> dict[str, Any]:
 def chat_to_message(chat: Mapping[str, Any], model: str | None = None) -> dict[str, Any]:
     """A chat completion (non-stream) as a Messages response."""
     choices = chat.get("choices")
-    choice: Mapping[str, Any] = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+    choice: Mapping[str, Any] = (
+        choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+    )
     message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
     assert isinstance(message, dict)
     content: list[dict[str, Any]] = []
@@ -306,4 +312,3 @@ def chat_to_message(chat: Mapping[str, Any], model: str | None = None) -> dict[s
 def count_tokens_body(prompt_tokens: int) -> dict[str, int]:
     """/v1/messages/count_tokens' answer for a prompt the backend counted (e.g. with /tokenize)."""
     return {"input_tokens": prompt_tokens}
-

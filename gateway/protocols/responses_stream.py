@@ -81,7 +81,9 @@ class ResponsesStream:
         self._seq += 1
         return encode_event(name, event)
 
-    def _response(self, status: str, *, reason: str | None = None, usage: dict[str, Any] | None = None) -> dict[str, Any]:
+    def _response(
+        self, status: str, *, reason: str | None = None, usage: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         output = [item.done() for item in self._items] if status != "in_progress" else []
         return response_object(
             self._request,
@@ -163,7 +165,8 @@ class ResponsesStream:
 
     def _tool_call(self, call: dict[str, Any]) -> bytes:
         out = b""
-        position = call.get("index") if isinstance(call.get("index"), int) else 0
+        index = call.get("index")
+        position = index if isinstance(index, int) else 0
         function = call.get("function") if isinstance(call.get("function"), dict) else {}
         assert isinstance(function, dict)
         item = self._calls.get(position)

@@ -121,7 +121,9 @@ def _convert_tools(tools: Any) -> list[dict[str, Any]]:
     for i, tool in enumerate(tools):
         if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("name"), str):
             kind = tool.get("type") if isinstance(tool, dict) else None
-            raise InvalidRequest(f"tools.{i}: only function tools are available here, not {kind!r}.", param=f"tools.{i}")
+            raise InvalidRequest(
+                f"tools.{i}: only function tools are available here, not {kind!r}.", param=f"tools.{i}"
+            )
         function: dict[str, Any] = {"name": tool["name"], "parameters": tool.get("parameters") or {"type": "object"}}
         for key in ("description", "strict"):
             if tool.get(key) is not None:
@@ -177,8 +179,17 @@ def message_item(item_id: str, text: str, status: str = "completed") -> dict[str
     return {"type": "message", "id": item_id, "role": "assistant", "status": status, "content": [part]}
 
 
-def function_call_item(item_id: str, call_id: str, name: str, arguments: str, status: str = "completed") -> dict[str, Any]:
-    return {"type": "function_call", "id": item_id, "call_id": call_id, "name": name, "arguments": arguments, "status": status}
+def function_call_item(
+    item_id: str, call_id: str, name: str, arguments: str, status: str = "completed"
+) -> dict[str, Any]:
+    return {
+        "type": "function_call",
+        "id": item_id,
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+        "status": status,
+    }
 
 
 def reasoning_item(item_id: str, text: str) -> dict[str, Any]:
@@ -236,7 +247,9 @@ def finish_status(finish_reason: Any) -> tuple[str, str | None]:
 def chat_to_response(chat: Mapping[str, Any], request: Mapping[str, Any], *, created_at: int) -> dict[str, Any]:
     """A chat completion (non-stream) as a Responses object."""
     choices = chat.get("choices")
-    choice: Mapping[str, Any] = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+    choice: Mapping[str, Any] = (
+        choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+    )
     message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
     assert isinstance(message, dict)
     output: list[dict[str, Any]] = []
@@ -253,7 +266,9 @@ def chat_to_response(chat: Mapping[str, Any], request: Mapping[str, Any], *, cre
             arguments = function.get("arguments")
             call_id = str(call.get("id") or new_id("call"))
             name = str(function.get("name") or "")
-            output.append(function_call_item(new_id("fc"), call_id, name, arguments if isinstance(arguments, str) else "{}"))
+            output.append(
+                function_call_item(new_id("fc"), call_id, name, arguments if isinstance(arguments, str) else "{}")
+            )
     status, reason = finish_status(choice.get("finish_reason"))
     return response_object(
         request,
@@ -269,7 +284,7 @@ def chat_to_response(chat: Mapping[str, Any], request: Mapping[str, Any], *, cre
 
 def response_text(response: Mapping[str, Any]) -> str:
     """All output_text of a Responses object, joined (what the SDK's ``output_text`` gives)."""
-    texts = []
+    texts: list[str] = []
     for item in response.get("output") or []:
         if isinstance(item, dict) and item.get("type") == "message":
             texts.extend(p.get("text", "") for p in item.get("content") or [] if p.get("type") == "output_text")

@@ -21,7 +21,7 @@ import traceback
 import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import servers
@@ -108,8 +108,12 @@ def record_messages(rec: Recorder) -> None:
     long_messages = [{"role": "user", "content": TOO_LONG_PROMPT}]
     rec.record("messages_count_tokens_long", "POST", "/v1/messages/count_tokens", {**count, "messages": long_messages})
     rec.record("error_messages_too_long", "POST", "/v1/messages", {**base, "messages": long_messages})
-    rec.record_stream("error_messages_too_long_stream", "/v1/messages", {**base, "messages": long_messages, "stream": True})
-    rec.record("error_messages_missing_max_tokens", "POST", "/v1/messages", {"model": MODEL, "messages": base["messages"]})
+    rec.record_stream(
+        "error_messages_too_long_stream", "/v1/messages", {**base, "messages": long_messages, "stream": True}
+    )
+    rec.record(
+        "error_messages_missing_max_tokens", "POST", "/v1/messages", {"model": MODEL, "messages": base["messages"]}
+    )
     rec.record("error_messages_unknown_model", "POST", "/v1/messages", {**base, "model": "no-such-model"})
 
 
@@ -133,7 +137,10 @@ def record_responses(rec: Recorder) -> None:
     if first_id:
         rec.record("responses_get", "GET", f"/v1/responses/{first_id}")
         rec.record(
-            "responses_previous", "POST", "/v1/responses", {**base, "input": "And more?", "previous_response_id": first_id}
+            "responses_previous",
+            "POST",
+            "/v1/responses",
+            {**base, "input": "And more?", "previous_response_id": first_id},
         )
         rec.record("responses_cancel_completed", "POST", f"/v1/responses/{first_id}/cancel")
     stored = rec.record("responses_store", "POST", "/v1/responses", {**base, "store": True})
@@ -175,7 +182,9 @@ def record_responses(rec: Recorder) -> None:
         {**base, "previous_response_id": "resp_doesnotexist"},
     )
     rec.record("error_responses_too_long", "POST", "/v1/responses", {**base, "input": TOO_LONG_PROMPT})
-    rec.record_stream("error_responses_too_long_stream", "/v1/responses", {**base, "input": TOO_LONG_PROMPT, "stream": True})
+    rec.record_stream(
+        "error_responses_too_long_stream", "/v1/responses", {**base, "input": TOO_LONG_PROMPT, "stream": True}
+    )
     rec.record("error_responses_unknown_model", "POST", "/v1/responses", {**base, "model": "no-such-model"})
 
 
@@ -269,7 +278,10 @@ def run_sdks(base_url: str, out: Path) -> None:
     results: dict[str, Any] = {"anthropic": anthropic.__version__, "openai": openai.__version__}
     ac = anthropic.Anthropic(base_url=base_url, api_key="not-checked", max_retries=0, timeout=60)
     msgs: Any = [{"role": "user", "content": USER}]
-    _sdk_case(results, "messages_create", lambda: ac.messages.create(model=MODEL, max_tokens=8, messages=msgs).to_dict())
+    tools: Any = ANTHROPIC_TOOLS
+    _sdk_case(
+        results, "messages_create", lambda: ac.messages.create(model=MODEL, max_tokens=8, messages=msgs).to_dict()
+    )
 
     def stream() -> Any:
         with ac.messages.stream(model=MODEL, max_tokens=5, messages=msgs) as s:
@@ -284,7 +296,7 @@ def run_sdks(base_url: str, out: Path) -> None:
             model=MODEL,
             max_tokens=40,
             messages=[{"role": "user", "content": "What is the weather in Paris?"}],
-            tools=ANTHROPIC_TOOLS,  # type: ignore[arg-type]
+            tools=tools,
             tool_choice={"type": "tool", "name": "get_weather"},
         ).to_dict(),
     )
@@ -376,10 +388,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "fixtures")
     args = parser.parse_args()
     if args.translated:
-        record_translated(Recorder(UrlServer(args.url), args.out / args.engine / "protocols"))
+        record_translated(Recorder(cast(Any, UrlServer(args.url)), args.out / args.engine / "protocols"))
         return
     if args.stored:
-        record_stored(Recorder(UrlServer(args.url), args.out / args.engine / "protocols"))
+        record_stored(Recorder(cast(Any, UrlServer(args.url)), args.out / args.engine / "protocols"))
         return
     kinds = ["llamacpp", "vllm"] if args.engine == "all" else [args.engine]
     for kind in kinds:

@@ -17,13 +17,13 @@ import openai
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-from protocol_fixtures import ENGINES, events, load, request_body, stream_bytes  # noqa: E402
+from protocol_fixtures import ENGINES, events, load, request_body, stream_bytes
 
-from gateway.protocols.anthropic_errors import error_body_bytes, from_engine_error  # noqa: E402
-from gateway.protocols.messages_stream import MessagesStream  # noqa: E402
-from gateway.protocols.messages_translate import chat_to_message  # noqa: E402
-from gateway.protocols.responses_stream import ResponsesStream  # noqa: E402
-from gateway.protocols.responses_translate import chat_to_response  # noqa: E402
+from gateway.protocols.anthropic_errors import error_body_bytes, from_engine_error
+from gateway.protocols.messages_stream import MessagesStream
+from gateway.protocols.messages_translate import chat_to_message
+from gateway.protocols.responses_stream import ResponsesStream
+from gateway.protocols.responses_translate import chat_to_response
 
 pytestmark = pytest.mark.live
 
@@ -147,7 +147,9 @@ def test_an_engine_context_error_reaches_the_anthropic_sdk_in_anthropic_shape(ca
     """llama.cpp answers OpenAI-shaped and vLLM says "BadRequestError"; normalised, the SDK raises
     BadRequestError with Anthropic's body."""
     record = load(engine, "error_messages_too_long")
-    canned.answer(error_body_bytes(from_engine_error(record["status"], json.dumps(record["body"]).encode())), status=400)
+    canned.answer(
+        error_body_bytes(from_engine_error(record["status"], json.dumps(record["body"]).encode())), status=400
+    )
     with pytest.raises(anthropic.BadRequestError) as caught:
         anthropic_client(canned).messages.create(**request_body(engine, "error_messages_too_long"))
     body = caught.value.body
@@ -165,7 +167,10 @@ def test_the_openai_sdk_streams_a_translated_responses_stream(canned: Canned, en
         final = stream.get_final_response()
     assert final.output_text == chat_text(engine, "responses_stream")
     assert final.status == "incomplete" and final.incomplete_details is not None
-    assert final.usage is not None and final.usage.output_tokens == chat_usage(engine, "responses_stream")["completion_tokens"]
+    assert (
+        final.usage is not None
+        and final.usage.output_tokens == chat_usage(engine, "responses_stream")["completion_tokens"]
+    )
     assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
 
 

@@ -51,7 +51,12 @@ def test_a_forced_tool_call_becomes_a_tool_use_block_with_parsed_input() -> None
     call = chat["choices"][0]["message"]["tool_calls"][0]
     message = chat_to_message(chat)
     assert message["content"] == [
-        {"type": "tool_use", "id": call["id"], "name": "get_weather", "input": json.loads(call["function"]["arguments"])}
+        {
+            "type": "tool_use",
+            "id": call["id"],
+            "name": "get_weather",
+            "input": json.loads(call["function"]["arguments"]),
+        }
     ]
     assert message["stop_reason"] == "tool_use"  # vLLM says finish_reason "stop" for a named tool call
     usage = chat["usage"]
@@ -73,7 +78,9 @@ def test_a_translated_stream_has_the_native_event_sequence_and_keys(engine: str,
     that neither engine sends (llama.cpp's message_delta carries only output_tokens, vLLM's all four)."""
     translated_bytes = translate_stream(engine, name)
     translated = events(translated_bytes)
-    assert squeeze(kind for kind, _ in translated) == squeeze(kind for kind, _ in events(stream_bytes(engine, name)))
+    assert squeeze(str(kind) for kind, _ in translated) == squeeze(
+        str(kind) for kind, _ in events(stream_bytes(engine, name))
+    )
     for kind, data in translated:
         assert kind == data["type"]  # the event: line names the data's type
     ours = keys_by_event(translated_bytes)
@@ -81,7 +88,9 @@ def test_a_translated_stream_has_the_native_event_sequence_and_keys(engine: str,
     union = [keys_by_event(stream_bytes(e, name)) for e in ENGINES]
     for kind, keys in ours.items():
         assert keys - set().union(*(u.get(kind, set()) for u in union)) == set(), kind
-        assert native[kind] - keys <= {"message.usage.cache_read_input_tokens"}, kind  # llama.cpp's, known only at the end
+        assert native[kind] - keys <= {"message.usage.cache_read_input_tokens"}, (
+            kind
+        )  # llama.cpp's, known only at the end
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -196,8 +205,18 @@ def test_images_tool_use_and_tool_results() -> None:
 )
 def test_tool_choice(choice: dict[str, Any], expected: dict[str, Any]) -> None:
     tools = [{"name": "f", "description": "d", "input_schema": {"type": "object"}}]
-    chat = messages_to_chat({"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}], "tools": tools, "tool_choice": choice})
-    assert chat["tools"] == [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}, "description": "d"}}]
+    chat = messages_to_chat(
+        {
+            "model": "m",
+            "max_tokens": 1,
+            "messages": [{"role": "user", "content": "x"}],
+            "tools": tools,
+            "tool_choice": choice,
+        }
+    )
+    assert chat["tools"] == [
+        {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}, "description": "d"}}
+    ]
     assert {k: chat[k] for k in expected} == expected
 
 
@@ -237,7 +256,11 @@ def test_stop_reason(finish: str, matched: Any, tool_used: bool, expected: tuple
 
 
 def test_a_matched_stop_string_becomes_stop_sequence() -> None:
-    chat = {"id": "chatcmpl-1", "model": "m", "choices": [{"message": {"content": "a"}, "finish_reason": "stop", "stop_reason": "END"}]}
+    chat = {
+        "id": "chatcmpl-1",
+        "model": "m",
+        "choices": [{"message": {"content": "a"}, "finish_reason": "stop", "stop_reason": "END"}],
+    }
     message = chat_to_message(chat)
     assert (message["stop_reason"], message["stop_sequence"]) == ("stop_sequence", "END")
     sglang = {"choices": [{"message": {"content": "a"}, "finish_reason": "stop", "matched_stop": "END"}]}
@@ -256,7 +279,14 @@ def test_usage_splits_cached_tokens_out_as_anthropic_counts_them() -> None:
 
 
 def test_unparsable_tool_arguments_become_an_empty_input() -> None:
-    chat = {"choices": [{"message": {"tool_calls": [{"id": "c", "function": {"name": "f", "arguments": '{"a": '}}]}, "finish_reason": "length"}]}
+    chat = {
+        "choices": [
+            {
+                "message": {"tool_calls": [{"id": "c", "function": {"name": "f", "arguments": '{"a": '}}]},
+                "finish_reason": "length",
+            }
+        ]
+    }
     message = chat_to_message(chat)
     assert message["content"][0]["input"] == {} and message["stop_reason"] == "max_tokens"
 
@@ -266,7 +296,9 @@ def test_reasoning_becomes_a_thinking_block_first() -> None:
     assert [b["type"] for b in chat_to_message(chat)["content"]] == ["thinking", "text"]
     stream = MessagesStream()
     data = b"".join(
-        b"data: " + json.dumps({"id": "c", "model": "m", "choices": [{"delta": delta, "finish_reason": fin}]}).encode() + b"\n\n"
+        b"data: "
+        + json.dumps({"id": "c", "model": "m", "choices": [{"delta": delta, "finish_reason": fin}]}).encode()
+        + b"\n\n"
         for delta, fin in [({"role": "assistant"}, None), ({"reasoning": "be"}, None), ({"content": "yes"}, "stop")]
     )
     out = events(stream.feed(data + b"data: [DONE]\n\n"))
@@ -280,7 +312,10 @@ def test_a_stream_cut_before_it_finished_ends_with_an_error_event() -> None:
     cut = data[: data.index(b'"finish_reason":"length"') - 200]
     stream = MessagesStream()
     out = events(stream.feed(cut) + stream.finish())
-    assert out[-1] == ("error", {"type": "error", "error": {"type": "api_error", "message": "The backend's stream ended before it finished."}})
+    assert out[-1] == (
+        "error",
+        {"type": "error", "error": {"type": "api_error", "message": "The backend's stream ended before it finished."}},
+    )
     assert "message_stop" not in [k for k, _ in out]
 
 
