@@ -13,8 +13,8 @@ DEFAULT_MAX_IDS = 100_000
 class ResponseStore:
     """An LRU map, id -> backend name. Past ``max_ids`` the least recently used id (put or looked
     up) is forgotten; a later request naming it gets ``not_found_body`` (OpenAI's 404
-    ``response_not_found``), the same answer as for an id the gateway never saw. At ~200 bytes an
-    entry, the default bound is ~20 MB."""
+    ``response_not_found``), the same answer as for an id the gateway never saw. The default bound
+    holds ~17 MB (measured: 9 MB of map and 8 MB of 29-character ids)."""
 
     __slots__ = ("_ids", "evicted", "max_ids")
 

@@ -328,3 +328,13 @@ def test_an_upstream_error_event_is_relayed_in_anthropic_shape() -> None:
 def test_a_known_input_count_fills_message_start_when_the_engine_sends_no_early_usage() -> None:
     out = events(translate_stream("llamacpp", "messages_stream", input_tokens=17))
     assert out[0][1]["message"]["usage"] == {"input_tokens": 17, "output_tokens": 0}
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("name", ["messages", "messages_tools", "messages_tool_result"])
+def test_the_translated_request_is_the_same_prompt_on_the_real_engine(engine: str, name: str) -> None:
+    """Same prompt tokens natively and translated: system, tools, tool_use and tool_result render
+    through the chat template exactly as the engine's own Messages endpoint renders them."""
+    native = load(engine, name)["body"]["usage"]
+    chat = load(engine, f"chat_for_{name}")["body"]["usage"]
+    assert native["input_tokens"] + native.get("cache_read_input_tokens", 0) == chat["prompt_tokens"]

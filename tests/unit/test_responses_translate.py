@@ -235,3 +235,14 @@ def test_a_stream_cut_before_it_finished_ends_failed() -> None:
     out = events(stream.feed(data[: data.index(b'"finish_reason":"length"') - 200]) + stream.finish())
     assert out[-1][0] == "response.failed"
     assert out[-1][1]["response"]["status"] == "failed" and out[-1][1]["response"]["error"]["code"] == "server_error"
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("name", ["responses", "responses_tools", "responses_function_call_output"])
+def test_the_translated_request_is_the_same_prompt_on_the_real_engine(engine: str, name: str) -> None:
+    """Same prompt tokens natively and translated (instructions, function tools, function_call and
+    function_call_output items), on vLLM and on llama.cpp."""
+    assert (
+        load(engine, name)["body"]["usage"]["input_tokens"]
+        == load(engine, f"chat_for_{name}")["body"]["usage"]["prompt_tokens"]
+    )
