@@ -309,6 +309,16 @@ def chat_to_message(chat: Mapping[str, Any], model: str | None = None) -> dict[s
     }
 
 
+def count_tokens_to_tokenize(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A /v1/messages/count_tokens body as vLLM's (and SGLang's) ``POST /tokenize`` chat form, whose
+    ``count`` is the native count_tokens answer (equal on vLLM 0.32, with system and tools)."""
+    chat = messages_to_chat({**body, "stream": False})
+    tokenize = {"model": chat["model"], "messages": chat["messages"]}
+    if "tools" in chat:
+        tokenize["tools"] = chat["tools"]
+    return tokenize
+
+
 def count_tokens_body(prompt_tokens: int) -> dict[str, int]:
     """/v1/messages/count_tokens' answer for a prompt the backend counted (e.g. with /tokenize)."""
     return {"input_tokens": prompt_tokens}

@@ -4,10 +4,21 @@ stored it. Pure (no I/O, no clock); the least recently used id is forgotten past
 
 from __future__ import annotations
 
+import re
 from collections import OrderedDict
 from typing import Any
 
 DEFAULT_MAX_IDS = 100_000
+# A Responses object's own id: the first "id":"resp_..." of a body or of a stream's response.created
+# (the object's id precedes its output items' ids in vLLM's, SGLang's and llama.cpp's answers).
+_RESPONSE_ID = re.compile(rb'"id"\s*:\s*"(resp_[A-Za-z0-9_-]{1,200})"')
+
+
+def find_response_id(data: bytes) -> str | None:
+    """The response id in a native /v1/responses answer (a body, or a stream's first bytes), so that
+    the pipeline can ``put`` it with the backend that answered; None when absent."""
+    match = _RESPONSE_ID.search(data)
+    return match.group(1).decode() if match else None
 
 
 class ResponseStore:

@@ -227,7 +227,7 @@ TRANSLATED = {
 
 def record_translated(rec: Recorder) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from gateway.protocols.messages_translate import messages_to_chat
+    from gateway.protocols.messages_translate import count_tokens_to_tokenize, messages_to_chat
     from gateway.protocols.responses_translate import responses_to_chat
 
     for name, protocol in TRANSLATED.items():
@@ -237,6 +237,9 @@ def record_translated(rec: Recorder) -> None:
             rec.record_stream(f"chat_for_{name}", "/v1/chat/completions", chat)
         else:
             rec.record(f"chat_for_{name}", "POST", "/v1/chat/completions", chat)
+    for name in ("messages_count_tokens", "messages_count_tokens_system_tools"):
+        native = json.loads((rec.out / f"{name}.json").read_text())["request"]["body"]
+        rec.record(f"tokenize_for_{name}", "POST", "/tokenize", count_tokens_to_tokenize(native))
 
 
 def record_tokenize(rec: Recorder) -> None:

@@ -13,7 +13,13 @@ from protocol_fixtures import ENGINES, events, feed_in_pieces, key_paths, load, 
 
 from gateway.errors import InvalidRequest
 from gateway.protocols.messages_stream import MessagesStream
-from gateway.protocols.messages_translate import chat_to_message, messages_to_chat, stop_reason, usage_to_anthropic
+from gateway.protocols.messages_translate import (
+    chat_to_message,
+    count_tokens_to_tokenize,
+    messages_to_chat,
+    stop_reason,
+    usage_to_anthropic,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -338,3 +344,11 @@ def test_the_translated_request_is_the_same_prompt_on_the_real_engine(engine: st
     native = load(engine, name)["body"]["usage"]
     chat = load(engine, f"chat_for_{name}")["body"]["usage"]
     assert native["input_tokens"] + native.get("cache_read_input_tokens", 0) == chat["prompt_tokens"]
+
+
+@pytest.mark.parametrize("name", ["messages_count_tokens", "messages_count_tokens_system_tools"])
+def test_count_tokens_through_vllms_tokenize_equals_its_native_count(name: str) -> None:
+    """For a backend without count_tokens: vLLM's /tokenize (chat form) counted the translated
+    request exactly as its native /v1/messages/count_tokens did."""
+    assert count_tokens_to_tokenize(request_body("vllm", name)) == request_body("vllm", f"tokenize_for_{name}")
+    assert load("vllm", f"tokenize_for_{name}")["body"]["count"] == load("vllm", name)["body"]["input_tokens"]

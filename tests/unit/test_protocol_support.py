@@ -7,12 +7,13 @@ import json
 
 import pytest
 from protocol_fixtures import ENGINES, feed_in_pieces, load, stream_bytes
+from protocol_fixtures import stream_bytes as native_stream
 
 from gateway import errors
 from gateway.protocols.anthropic_errors import error_body, error_type, from_engine_error, from_gateway_error
 from gateway.protocols.frames import DataFrames, decode_event, encode_event, is_done
 from gateway.protocols.reasoning import ReasoningStream, copy_reasoning, copy_reasoning_bytes
-from gateway.protocols.response_store import ResponseStore, not_found_body
+from gateway.protocols.response_store import ResponseStore, find_response_id, not_found_body
 
 pytestmark = pytest.mark.unit
 
@@ -162,3 +163,19 @@ def test_frames_join_multiline_data_skip_comments_and_flush_the_tail() -> None:
     assert is_done(b" [DONE]") and not is_done(b'{"a":1}')
     assert decode_event(b"[1]") is None and decode_event(b"nope") is None and decode_event(b'{"a":1}') == {"a": 1}
     assert encode_event("ping", {"type": "ping"}) == b'event: ping\ndata: {"type":"ping"}\n\n'
+
+
+@pytest.mark.parametrize(("engine", "name"), [("vllm", "responses"), ("llamacpp", "responses"), ("vllm", "stored_get")])
+def test_the_response_id_is_found_in_a_native_body(engine: str, name: str) -> None:
+    body = load(engine, name)["body"]
+    assert find_response_id(json.dumps(body, separators=(",", ":")).encode()) == body["id"]
+    assert find_response_id(json.dumps(body, indent=2).encode()) == body["id"]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_response_id_is_found_in_a_native_streams_first_event(engine: str) -> None:
+    data = native_stream(engine, "responses_stream")
+    first = data[: data.index(b"\n\n")]
+    completed = json.loads(data.rstrip().rsplit(b"\n", 1)[-1][6:])
+    assert find_response_id(first) == completed["response"]["id"]
+    assert find_response_id(b'{"id":"msg_1"}') is None
