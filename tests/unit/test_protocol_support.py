@@ -7,7 +7,6 @@ import json
 
 import pytest
 from protocol_fixtures import ENGINES, feed_in_pieces, load, stream_bytes
-from protocol_fixtures import stream_bytes as native_stream
 
 from gateway import errors
 from gateway.protocols.anthropic_errors import error_body, error_type, from_engine_error, from_gateway_error
@@ -174,7 +173,7 @@ def test_the_response_id_is_found_in_a_native_body(engine: str, name: str) -> No
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_the_response_id_is_found_in_a_native_streams_first_event(engine: str) -> None:
-    data = native_stream(engine, "responses_stream")
+    data = stream_bytes(engine, "responses_stream")
     first = data[: data.index(b"\n\n")]
     completed = json.loads(data.rstrip().rsplit(b"\n", 1)[-1][6:])
     assert find_response_id(first) == completed["response"]["id"]
