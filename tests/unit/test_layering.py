@@ -29,6 +29,7 @@ PURE = [
     "gateway/protocols/responses_stream.py",
     "gateway/protocols/response_store.py",
     "gateway/protocols/reasoning.py",
+    "gateway/protocols/native_observers.py",
 ]
 IO_MODULES = {
     "asyncio",
