@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from engines.base import LaunchSpec
 from engines.promtext import LoadTable
-from engines.table import PromptTokenizer, TableAdapter, cap_flag
+from engines.table import PromptTokenizer, TableAdapter, cap_flag, name_flag
 
 
 def _lmdeploy_launch(spec: LaunchSpec) -> list[str]:
     return [
-        "lmdeploy", "serve", "api_server", spec.model,
+        "lmdeploy", "serve", "api_server", spec.model, *name_flag("--model-name", spec.served_name),
         "--server-name", spec.host, "--server-port", str(spec.port),
         *cap_flag("--session-len", spec.max_context_tokens),
         "--max-batch-size", str(spec.parallel),

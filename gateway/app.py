@@ -71,10 +71,11 @@ def build(
     health_state = HealthState(config.health)
     upstream = UpstreamClient(config.timeouts)
     resolved = platform or resolve_platform(config.routing.platform)
+    lifecycle = lifecycle or Lifecycle()
     router = Router(config, registry, metrics, resolved)
     accounting = Accounting(metrics)
     timeouts = config.timeouts
-    relay = Relay(metrics, accounting, timeouts.idle_s, timeouts.keepalive_s, timeouts.first_byte_s)
+    relay = Relay(metrics, accounting, lifecycle, timeouts.idle_s, timeouts.keepalive_s, timeouts.first_byte_s)
     return Gateway(
         config=config,
         metrics=metrics,
@@ -93,7 +94,7 @@ def build(
         ),
         health=HealthChecker(registry, health_state, upstream, metrics, config.health),
         scraper=LoadScraper(registry, upstream, metrics, config.health),
-        lifecycle=lifecycle or Lifecycle(),
+        lifecycle=lifecycle,
     )
 
 

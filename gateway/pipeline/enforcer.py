@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from engines.context_error import context_message
 from gateway.config import RouteConfig
 from gateway.errors import ContextLengthExceeded, GatewayError
 from gateway.fleet.registry import Backend
@@ -16,6 +17,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.pipeline.edits import NO_EDITS, Edits
 from gateway.policy.caps import (
     PER_MESSAGE_TOKENS,
+    ROUTE_CAP,
     CapDecision,
     TokenEstimator,
     decide,
@@ -125,9 +127,9 @@ class CapEnforcer:
         if result is None or result[1] == 0:
             self._metrics.cap_actions.labels(route.label, "rejected", method).inc()
             raise ContextLengthExceeded(
-                f"This request's prompt is {prompt} tokens, over the route's context cap of {cap} "
-                "tokens, and dropping old messages cannot make it fit (the system prompt and the "
-                "last user message are always kept).",
+                context_message(cap, prompt, inbound.max_tokens)
+                + " Dropping old messages cannot make it fit: the system prompt and the last user message"
+                " are always kept." + ROUTE_CAP,
                 param="messages",
             )
         kept, dropped = result

@@ -11,7 +11,7 @@ import time
 from typing import Literal, Protocol
 
 from gateway.asgi import Send
-from gateway.errors import EngineError, GatewayError, UpstreamError, UpstreamTimeout
+from gateway.errors import EngineError, GatewayError, ShuttingDown, UpstreamError, UpstreamTimeout
 from gateway.fleet.registry import Backend
 from gateway.metrics import GatewayMetrics
 from gateway.pipeline.accounting import Accounting, prompt_tokens
@@ -20,6 +20,7 @@ from gateway.pipeline.exchange import Exchange, Outcome
 from gateway.pipeline.headers import SSE, response_headers
 from gateway.policy.caps import engine_truncated
 from gateway.protocols.base import Inbound, ProtocolAdapter, Target
+from gateway.serving.lifecycle import Lifecycle
 from gateway.upstream import UpstreamResponse
 
 EndReason = Literal["client_left", "idle_limit"]
@@ -71,9 +72,16 @@ class StreamCut(Exception):
 
 class Relay:
     def __init__(
-        self, metrics: GatewayMetrics, accounting: Accounting, idle_s: float, keepalive_s: float, first_token_s: float
+        self,
+        metrics: GatewayMetrics,
+        accounting: Accounting,
+        lifecycle: Lifecycle,
+        idle_s: float,
+        keepalive_s: float,
+        first_token_s: float,
     ) -> None:
         self._metrics = metrics
+        self._lifecycle = lifecycle
         self._accounting = accounting
         self._idle_s = idle_s
         self._keepalive_s = keepalive_s
@@ -235,26 +243,30 @@ class Relay:
 
     async def cut(self, ex: Exchange, send: Send, protocol: ProtocolAdapter, cut: StreamCut) -> None:
         """A stream that broke after the client got its headers: one error event, and no
-        [DONE], so the client can tell a cut-off answer from a finished one."""
-        ex.outcome = cut.outcome
-        kind = cut.outcome if cut.outcome in ("timeout_idle", "timeout_ttfb") else "midstream"
-        if ex.backend is not None:
-            self._metrics.upstream_errors.labels(ex.pool, ex.backend_name, kind).inc()
-        if not ex.response_started:
-            if cut.outcome == "timeout_ttfb":
-                raise UpstreamTimeout(cut.message)
-            raise UpstreamError(cut.message, code="upstream_disconnected")
+        [DONE], so the client can tell a cut-off answer from a finished one. While the gateway
+        drains, a backend that goes away is taken to go with it (one Ctrl-C stops both): the
+        event says the gateway is shutting down, and nothing is counted against the backend."""
+        if self._lifecycle.draining and cut.outcome == "upstream_error_midstream":
+            ex.outcome = "overloaded"
+            if not ex.response_started:
+                raise ShuttingDown()
+            event = protocol.error_body(ShuttingDown())
+            last = b"data: " + event + b"\n\n"
+        else:
+            ex.outcome = cut.outcome
+            kind = cut.outcome if cut.outcome in ("timeout_idle", "timeout_ttfb") else "midstream"
+            if ex.backend is not None:
+                self._metrics.upstream_errors.labels(ex.pool, ex.backend_name, kind).inc()
+            if not ex.response_started:
+                if cut.outcome == "timeout_ttfb":
+                    raise UpstreamTimeout(cut.message)
+                raise UpstreamError(cut.message, code="upstream_disconnected")
+            last = protocol.error_event(cut.message, cut.outcome)
         # A client that stopped reading (the reason the stream stalled, perhaps) must not hold this
         # task forever: give the last event a few seconds, then let uvicorn close the connection.
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(5):
-                await send(
-                    {
-                        "type": "http.response.body",
-                        "body": protocol.error_event(cut.message, cut.outcome),
-                        "more_body": False,
-                    }
-                )
+                await send({"type": "http.response.body", "body": last, "more_body": False})
 
 
 def _first_event_error(error: dict[str, object], backend: Backend) -> GatewayError:
