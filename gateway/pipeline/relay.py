@@ -191,7 +191,7 @@ class Relay:
                     "upstream_error_midstream", f"Backend {ex.backend_name} ended the stream before it was complete."
                 )
             if transform is not None:
-                rest = transform.feed(rest) + transform.close()
+                rest = transform.feed(rest) + transform.finish()
             await send({"type": "http.response.body", "body": rest, "more_body": False})
             ex.outcome = "success"
             resp.release()

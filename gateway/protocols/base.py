@@ -39,6 +39,9 @@ class Inbound:
     user: str | None
     stripped: tuple[str, ...] = ()
     """Fields the client may not set (they could steer the upstream URL or key): always dropped."""
+    translated: Mapping[str, Any] | None = None
+    """A translating protocol's chat-shaped body, computed once in parse, for its estimate_view and
+    encode (None for the OpenAI protocols, whose body is already chat-shaped)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,11 +70,14 @@ class SseObserver(Protocol):
 
 
 class StreamTransform(Protocol):
-    """Rewrites a translated stream event by event (whole events in, the client's events out)."""
+    """Rewrites a translated stream: fed the bytes the observer passed on (whole events when the
+    observer was made with whole_events=True), it returns the client's bytes; finish() ends it once
+    the upstream sent its final event (a cut stream gets the adapter's error_event instead).
+    MessagesStream and ResponsesStream (protocols/*_stream.py) have this shape."""
 
-    def feed(self, events: bytes) -> bytes: ...
+    def feed(self, chunk: bytes) -> bytes: ...
 
-    def close(self) -> bytes: ...
+    def finish(self) -> bytes: ...
 
 
 class ProtocolAdapter(Protocol):
@@ -106,7 +112,9 @@ class ProtocolAdapter(Protocol):
         ...
 
     def observer(self, inbound: Inbound, edits: Edits, target: Target) -> SseObserver:
-        """A fresh stream observer for one attempt (first token, gaps, usage, [DONE])."""
+        """A fresh stream observer for one attempt (first token, gaps, usage, [DONE]). A translating
+        protocol that needs the usage event itself asks for StreamObserver(strip_usage=False,
+        whole_events=True) and drops it in its transform; a native one returns its own observer."""
         ...
 
     def stream_transform(self, inbound: Inbound, target: Target) -> StreamTransform | None:
