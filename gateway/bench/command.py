@@ -186,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
     for name, slo in report["slo"].items():
         mine = [lv for lv in levels if lv["target"] == name]
         for line in table.notes(mine, slo, args.slo_ttft):
-            console.print(f"{name + ': ' if name else ''}{line}", highlight=False)
+            console.print(f"{name + ': ' if len(report['slo']) > 1 else ''}{line}", highlight=False)
     if report["compare"]:
         for line in table.ratio_lines(report["compare"]["ratios"]):
             console.print(line, highlight=False)
