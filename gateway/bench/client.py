@@ -4,6 +4,7 @@ Streams every request with usage, and times the first token, each gap and the en
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -94,6 +95,17 @@ class LoadClient:
         async with self.session.get(self.base + "/v1/models") as resp:
             data = await resp.json(content_type=None)
         return [m["id"] for m in data.get("data", []) if isinstance(m, dict) and "id" in m]
+
+    async def connect(self, n: int) -> None:
+        """Open ``n`` connections before a level (n overlapping GET /v1/models), so that no measured
+        request pays for a TCP handshake."""
+
+        async def get() -> None:
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                async with self.session.get(self.base + "/v1/models") as resp:
+                    await resp.read()
+
+        await asyncio.gather(*(get() for _ in range(n)))
 
     async def one(self, body: dict[str, Any]) -> Timing:
         """Send one streamed request and time it; a failure becomes ``Timing.error``, never an exception."""

@@ -85,6 +85,7 @@ class Runner:
             clients = [await stack.enter_async_context(LoadClient(t.url, plan.api_key, limit)) for t in self.targets]
             scrapers = [Scraper(c.session, t.url, t.engine_metrics) for c, t in zip(clients, self.targets, strict=True)]
             for t, c in zip(self.targets, clients, strict=True):
+                await c.connect(level.concurrency or 1)
                 if plan.warmup:
                     await c.closed_loop(
                         self._bodies[t.name], level.concurrency or 1, plan.warmup, None, lambda _t: None

@@ -60,7 +60,8 @@ def gateway_figures(before: Samples, after: Samples, route: str | None = None) -
     return {
         "requests": _delta(after, before, "gateway_requests_total", **lab),
         "output_tokens": _delta(after, before, "gateway_output_tokens_total", **lab),
-        "prompt_tokens": _delta(after, before, "gateway_prompt_tokens_total", **lab),
+        "prompt_tokens": _delta(after, before, "gateway_prompt_tokens_total", **lab, source="usage"),
+        "prompt_tokens_estimated": _delta(after, before, "gateway_prompt_tokens_total", **lab, source="estimated"),
         "ttft_s_mean": mean("gateway_time_to_first_token_seconds"),
         "itl_s_mean": mean("gateway_inter_token_latency_seconds"),
         "e2e_s_mean": mean("gateway_request_duration_seconds"),

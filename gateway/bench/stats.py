@@ -82,10 +82,19 @@ class Timing:
 
     @property
     def lost_event(self) -> bool:
-        """A stream that did not end with its final event, or whose counted tokens differ from usage."""
+        """A stream that did not end with its final event, reported no usage, or carried more content
+        chunks than the tokens it reported. Fewer chunks than tokens is not a loss: an engine may put
+        several tokens in one chunk (vLLM does when its output runs ahead of the client)."""
         if self.error is not None:
             return False
-        return not (self.finished and self.done) or self.completion_tokens != self.content_events
+        if not (self.finished and self.done) or self.completion_tokens is None:
+            return True
+        return self.content_events > self.completion_tokens
+
+    @property
+    def merged_chunks(self) -> bool:
+        """Some chunk carried more than one token (chunks < tokens reported)."""
+        return self.completion_tokens is not None and self.content_events < self.completion_tokens
 
 
 def wall_time(timings: Sequence[Timing]) -> float:
@@ -130,6 +139,7 @@ def level_stats(
         },
         "stream_check": {
             "lost_events": sum(t.lost_event for t in ok),
+            "merged_chunks": sum(t.merged_chunks for t in ok),
             "tokens_counted": sum(t.content_events for t in ok),
             "tokens_reported": out_tokens,
         },

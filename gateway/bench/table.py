@@ -58,7 +58,7 @@ def notes(levels: Sequence[dict[str, Any]], slo: dict[str, Any] | None, slo_boun
         worst, key = max(((abs(v), k) for k, v in rel.items() if v is not None), default=(0.0, "-"))
         out.append(
             f"{_level(lv, False)}: gateway counted {gw['output_tokens']:.0f} output / "
-            f"{gw['prompt_tokens']:.0f} prompt tokens "
+            f"{gw['prompt_tokens']:.0f} prompt tokens from usage "
             f"(bench: {ag['output_tokens']['bench']} / {ag['prompt_tokens']['bench']}, "
             f"{'equal' if ag['tokens_equal'] else 'DIFFERENT'}); "
             f"means within {worst:.1%} of the gateway's (largest: {key}); "

@@ -70,7 +70,7 @@ def test_level_of_four_equal_streams() -> None:
     assert lv["aggregate"]["output_tok_s"] == pytest.approx(44 / wall)
     assert lv["aggregate"]["requests_s"] == pytest.approx(4 / wall)
     assert lv["aggregate"]["concurrency"] == pytest.approx(4.0)
-    assert lv["stream_check"] == {"lost_events": 0, "tokens_counted": 44, "tokens_reported": 44}
+    assert lv["stream_check"] == {"lost_events": 0, "merged_chunks": 0, "tokens_counted": 44, "tokens_reported": 44}
     assert lv["tokens"] == {"output": 44, "prompt": 400, "cached_prompt": 100}
 
 
@@ -107,13 +107,18 @@ def test_errors_are_counted_by_kind_and_left_out_of_the_figures() -> None:
     assert lv["per_request"]["ttft_s"]["p99"] == pytest.approx(0.5)
 
 
-def test_a_stream_without_its_final_event_or_with_short_usage_is_a_lost_event() -> None:
+def test_a_stream_without_its_final_event_or_usage_or_with_extra_chunks_is_a_lost_event() -> None:
     no_done = stream(0.0, 0.1, 5, 0.1)
     no_done.done = False
-    short = stream(0.0, 0.1, 5, 0.1)
-    short.completion_tokens = 6  # the engine says 6, the client saw 5
-    lv = level_stats([no_done, short, stream(0.0, 0.1, 5, 0.1)], 3, None)
-    assert lv["stream_check"]["lost_events"] == 2
+    extra = stream(0.0, 0.1, 5, 0.1)
+    extra.completion_tokens = 4  # the engine says 4, the client saw 5 chunks of content
+    no_usage = stream(0.0, 0.1, 5, 0.1)
+    no_usage.completion_tokens = None
+    merged = stream(0.0, 0.1, 5, 0.1)
+    merged.completion_tokens = 6  # two tokens in one chunk: not a loss
+    lv = level_stats([no_done, extra, no_usage, merged, stream(0.0, 0.1, 5, 0.1)], 3, None)
+    assert lv["stream_check"]["lost_events"] == 3
+    assert lv["stream_check"]["merged_chunks"] == 1
 
 
 def test_wall_override_for_interleaved_rounds() -> None:
