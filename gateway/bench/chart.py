@@ -58,9 +58,11 @@ def plot(path: Path, levels: Sequence[dict[str, Any]], title: str) -> None:
     bottom.set_ylim(bottom=0)
     bottom.grid(alpha=0.3)
     bottom.legend(loc="upper left")
-    if key == "concurrency" and max(lv[key] for lv in points) / max(1, min(lv[key] for lv in points)) >= 8:
+    ticks = sorted({lv[key] for lv in points})
+    if key == "concurrency" and ticks[-1] / max(1, ticks[0]) >= 8:
         bottom.set_xscale("log", base=2)
-        bottom.set_xticks(sorted({lv[key] for lv in points}), [str(x) for x in sorted({lv[key] for lv in points})])
+    bottom.set_xticks(ticks, [f"{x:g}" for x in ticks])
+    bottom.minorticks_off()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -206,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _title(report: dict[str, Any]) -> str:
     run = report["run"]
-    names = ", ".join(t["name"] or t["url"] for t in run["targets"])
+    names = ", ".join(t["name"] or f"{t['model']} at {t['url']}" for t in run["targets"])
     sim = run["simulate"]
     where = f"{sim['backends']} simulated backend(s), preset {sim['preset']}" if sim else names
     wl = run["workload"]
