@@ -148,7 +148,7 @@ async def _run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         "slo": {t.name: best_under_slo([r for r in results if r["target"] == t.name], args.slo_ttft) for t in targets},
         "compare": {"baseline": baseline, "ratios": ratios(results, baseline)} if len(targets) > 1 else None,
         "run": {
-            "command": "gateway bench " + shlex.join(sys.argv[2:] if sys.argv[1:2] == ["bench"] else sys.argv[1:]),
+            "command": "gateway bench " + shlex.join(sys.argv[2:]) if sys.argv[1:2] == ["bench"] else None,
             "targets": [{"name": t.name, "url": t.url, "model": t.model} for t in targets],
             "workload": {
                 "kind": spec.kind,

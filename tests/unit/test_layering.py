@@ -21,6 +21,7 @@ PURE = [
     "gateway/sse.py",
     "gateway/errors.py",
     "gateway/config.py",
+    "gateway/bench/stats.py",
 ]
 IO_MODULES = {
     "asyncio",
