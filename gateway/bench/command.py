@@ -124,7 +124,7 @@ async def _run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         if args.simulate:
             policies = args.compare or [args.policy]
             console.print(
-                f"[bold]simulated[/bold]: {args.simulate} simulated vLLM-flavour backend(s), preset {args.preset!r} "
+                f"SIMULATED: {args.simulate} simulated vLLM-flavour backend(s), preset {args.preset!r} "
                 f"(simulators, not real engines), behind the gateway with {' / '.join(policies)}"
             )
             for policy in policies:
@@ -171,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
     from gateway.bench import chart, output, table
     from gateway.bench.workload import WorkloadError
 
-    console = Console(width=None if sys.stdout.isatty() else 140)
+    console = Console(width=None if sys.stdout.isatty() else 140, markup=False)  # URLs and names are not markup
     problem = _problem(args)
     if problem:
         print(f"gateway bench: {problem}", file=sys.stderr)
@@ -200,7 +200,9 @@ def run(args: argparse.Namespace) -> int:
     console.print("wrote " + ", ".join(str(p) for p in written), highlight=False)
     lost = sum(lv["stream_check"]["lost_events"] for lv in levels)
     if lost:
-        console.print(f"[red]{lost} stream(s) lost an event[/red] (no final event, or counted tokens != usage)")
+        console.print(
+            f"{lost} stream(s) lost an event (no final event or usage, or more chunks than tokens)", style="red"
+        )
     return 1 if lost else 0
 
 

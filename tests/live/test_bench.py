@@ -76,3 +76,13 @@ def test_the_command_writes_json_in_the_issues_shape_csv_and_png(
         assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     else:
         assert "pip install -e '.[bench]'" in printed
+
+
+def test_without_matplotlib_the_user_is_told_how_to_get_plots(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(chart, "available", lambda: False)
+    args = ["--simulate", "1", "--preset", "fast", "--concurrency", "1", "--requests", "2", "--output-tokens", "4"]
+    assert main([*args, "--out", str(tmp_path)]) == 0
+    assert "pip install -e '.[bench]'" in capsys.readouterr().out
+    assert not (tmp_path / "bench.png").exists() and (tmp_path / "bench.json").exists()
