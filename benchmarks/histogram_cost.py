@@ -72,11 +72,20 @@ def scrape_cost(
     buckets: dict[str, tuple[float, ...]], sets: list[tuple[str, ...]], labels: Sequence[str]
 ) -> dict[str, float]:
     registry = CollectorRegistry()
+    fine = []
     for name, bounds in buckets.items():
         h = metrics.FineHistogram(name, "x", labels, buckets=bounds, registry=registry)
+        fine.append(h)
         for s in sets:
             h.labels(*s).observe(0.1)
     text = generate_latest(registry)
+    caches: list[dict[tuple[str, ...], list[str]]] = [{} for _ in fine]
+
+    def render() -> str:
+        return "".join(h.render(c) for h, c in zip(fine, caches, strict=True))
+
+    render()
+    fast = min(timeit.repeat(render, number=3, repeat=3)) / 3
     lines = [ln for ln in text.decode().splitlines() if ln and not ln.startswith("#")]
     t = min(timeit.repeat(lambda: generate_latest(registry), number=3, repeat=3)) / 3
     return {
@@ -85,6 +94,7 @@ def scrape_cost(
         "bytes": float(len(text)),
         "gzip_bytes": float(len(gzip.compress(text, 6))),
         "render_ms": t * 1000,
+        "fast_render_ms": fast * 1000,
     }
 
 
@@ -147,16 +157,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     layouts: dict[str, dict[str, tuple[float, ...]]] = {"coarse (before)": COARSE}
     for n in (int(x) for x in args.per_decade.split(",")):
         layouts[f"{n}/decade (r={10 ** (1 / n):.4f})"] = layout(n)
-    full, by_route = ("route", "pool", "backend"), ("route",)
+    # The label sets with backend (as before issue 16) and without it (as shipped).
+    full, by_route = ("route", "pool", "backend"), ("route", "pool")
     sets_full = label_sets(args.config, args.replicas, full)
     sets_route = label_sets(args.config, args.replicas, by_route)
     print(
-        f"{args.config.relative_to(REPO)}, {args.replicas} replica(s) a backend: {len(sets_full)} (route, pool, "
-        f"backend) label sets, {len(sets_route)} routes\n"
+        f"{args.config}, {args.replicas} replica(s) a backend: {len(sets_full)} (route, pool, "
+        f"backend) label sets, {len(sets_route)} (route, pool)\n"
     )
     print(
-        "| layout | buckets, 4 histograms | series | /metrics bytes | gzip | render ms | series, by route only | "
-        "bytes, by route only | observe µs (linear / bisect) | worst p50 / p95 error |"
+        "| layout | buckets, 4 histograms | series | /metrics bytes | gzip | render ms (generate_latest / render) "
+        "| series, (route, pool) as shipped | "
+        "bytes, (route, pool) | observe µs (linear / bisect) | worst p50 / p95 error |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name, buckets in layouts.items():
@@ -168,10 +180,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         err = quantile_error(int(per)) if per.isdigit() else {"p50": math.nan, "p95": math.nan}
         print(
             f"| {name} | {full_cost['buckets']:.0f} | {full_cost['series']:,.0f} | {full_cost['bytes']:,.0f} | "
-            f"{full_cost['gzip_bytes']:,.0f} | {full_cost['render_ms']:.1f} | {route_cost['series']:,.0f} | "
+            f"{full_cost['gzip_bytes']:,.0f} | {full_cost['render_ms']:.1f} / {full_cost['fast_render_ms']:.1f} | "
+            f"{route_cost['series']:,.0f} | "
             f"{route_cost['bytes']:,.0f} | {linear:.2f} / {fast:.2f} | {err['p50']:.2%} / {err['p95']:.2%} |"
         )
+    typical = {
+        "gateway_time_to_first_token_seconds": 0.2,
+        "gateway_inter_token_latency_seconds": 0.02,
+        "gateway_request_duration_seconds": 2.0,
+        "gateway_request_output_tokens_per_second": 40.0,
+    }
+    shipped = layout(metrics.FINE_PER_DECADE)
+    print(
+        "\n| one observe() of a typical value | before: coarse, Histogram | shipped bounds, Histogram "
+        "(linear scan) | shipped bounds, FineHistogram (bisect) |"
+    )
+    print("|---|---|---|---|")
+    for name, v in typical.items():
+        costs = [
+            one_observe(Histogram, COARSE[name], v),
+            one_observe(Histogram, shipped[name], v),
+            one_observe(metrics.FineHistogram, shipped[name], v),
+        ]
+        print(f"| {name} ({v:g}) | " + " | ".join(f"{c * 1e9:.0f} ns" for c in costs) + " |")
     return 0
+
+
+def one_observe(cls: type[Histogram], bounds: tuple[float, ...], value: float) -> float:
+    h = cls("probe", "x", ("route", "pool", "backend"), buckets=bounds, registry=CollectorRegistry())
+    child = h.labels("r", "p", "b")
+    return min(timeit.repeat(lambda: child.observe(value), number=20000, repeat=7)) / 20000
 
 
 if __name__ == "__main__":

@@ -51,6 +51,9 @@ _OVERHEAD_BUCKETS = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 
 _QUEUE_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 _REQ = ("route", "pool", "backend")
+# The fine per-request histograms (1,685 series a label set) drop `backend`: their cost then follows
+# the config's routes x pools, not the number of engine replicas DNS discovery finds.
+_FINE = ("route", "pool")
 
 
 class FineHistogram(Histogram):
@@ -116,28 +119,28 @@ class GatewayMetrics:
         self.ttft = FineHistogram(
             "gateway_time_to_first_token_seconds",
             "Time from request arrival to the first content token.",
-            _REQ,
+            _FINE,
             buckets=_TTFT_BUCKETS,
             registry=r,
         )
         self.itl = FineHistogram(
             "gateway_inter_token_latency_seconds",
             "Gap between consecutive content chunks of one stream.",
-            _REQ,
+            _FINE,
             buckets=_ITL_BUCKETS,
             registry=r,
         )
         self.duration = FineHistogram(
             "gateway_request_duration_seconds",
             "End-to-end request time as the gateway saw it.",
-            _REQ,
+            _FINE,
             buckets=_DURATION_BUCKETS,
             registry=r,
         )
         self.request_tps = FineHistogram(
             "gateway_request_output_tokens_per_second",
             "Per-request output tokens / decode time (first to last token).",
-            _REQ,
+            _FINE,
             buckets=_TPS_BUCKETS,
             registry=r,
         )
