@@ -4,7 +4,7 @@ client measured and with what the engine counted?
 The stack: a REAL vLLM (CPU build, the tiny generated model of tests/engines/setup.sh, one replica,
 max_num_seqs 16, max_model_len 4096), the gateway as its own process (`gateway serve`) in front of
 it, and a real Prometheus (Debian's binary) scraping the gateway every second with the deploy rules
-loaded. At each concurrency (1, 4, 16 by default) that many aiohttp clients send streamed chat
+loaded. At each concurrency (1, 4, 16, 32 by default) that many aiohttp clients send streamed chat
 completions one after another (~2,700-token prompts that share no prefix, `ignore_eos`,
 `max_tokens` 32, `stream_options.include_usage`) for `--duration` seconds (at most
 `--max-requests` each; a request already sent is finished). Between levels the engine goes idle
@@ -15,16 +15,21 @@ other CPUs: sharing cores with a decoding vLLM, they were descheduled for tens t
 milliseconds at a time, which lands in their timings (see isolate_engine).
 
 Per level it compares:
-  (a) TTFT and end-to-end time. The client measures from just before it sends the request to the
-      first chunk with content (TTFT) and to the end of the stream (e2e); the gateway from the
-      request's arrival to the first content chunk it receives from vLLM, and to its last byte
-      written. The client's clock therefore also holds the loopback and the HTTP client at both ends.
+  (a) TTFT, inter-token latency (ITL), end-to-end time and per-request tok/s. The client measures
+      from just before it sends the request to each chunk with content: the first is its TTFT, the
+      gaps between them its ITL, the end of the stream its e2e, and (completion tokens - 1) / (last
+      content chunk - first) its tok/s, as the gateway defines it. The gateway measures from the
+      request's arrival to the content chunks it receives from vLLM, and to its last byte written,
+      so the client's clock also holds the loopback and the HTTP client at both ends.
       - mean: Δ_sum / Δ_count of the gateway's histograms, read from Prometheus at two instants
         (exact: no interpolation, no extrapolation);
-      - median: histogram_quantile(0.5, sum by (le) (increase(..._bucket[level window]))), which is
-        bucketed and interpolated linearly inside a bucket (approximate by construction). The table
-        also shows the client's own values put through the same buckets and the same interpolation,
-        which separates the bucket error from any measurement error;
+      - p50 and p95 (and p10 for tok/s): the Grafana dashboard's own panel expression for that
+        histogram, with every route and pool selected and $__rate_interval = the level's window,
+        evaluated by Prometheus; against the client's median or nearest-rank quantile. Each row's
+        note gives the client's values put through the same buckets (bucket error vs measurement
+        error) and the client's neighbouring values (how finely the sample fixes the quantile);
+      - vLLM: the same means and quantiles from vLLM's own histograms (vllm:time_to_first_token_seconds,
+        vllm:inter_token_latency_seconds, vllm:e2e_request_latency_seconds), shown, not checked;
       - per request: the gateway's access log has each request's ttft and duration; matched by
         x-request-id, (client - gateway) is the loopback + HTTP client time, reported as is.
   (b) Tokens: Δ gateway_output_tokens_total (Prometheus) vs the client's summed usage vs vLLM's own
@@ -33,10 +38,10 @@ Per level it compares:
       with W = the client's wall time, vs the client's completion tokens / wall time; the raw
       samples in the window say where the two part.
 
-Targets: TTFT and e2e within 2 %, tokens equal, rate within 5 %. It prints one Markdown table per
+Targets: every mean and quantile within 2 %, tokens equal, rate within 5 %. It prints one Markdown table per
 concurrency and, with --json, writes every figure; the exit status is 1 when a target is missed.
 
-    python benchmarks/metric_truth.py                     # 1, 4, 16 clients, 20 s each
+    python benchmarks/metric_truth.py                     # 1, 4, 16, 32 clients, 20 s each
     python benchmarks/metric_truth.py --concurrency 1,4 --duration 10 --json /tmp/truth.json
 
 Needs the real vLLM (bash tests/engines/setup.sh vllm; GATEWAY_CI_CACHE selects the cache) and the
@@ -863,7 +868,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--concurrency", default="1,4,16", help="comma-separated levels (default 1,4,16)")
+    parser.add_argument("--concurrency", default="1,4,16,32", help="comma-separated levels (default 1,4,16,32)")
     parser.add_argument("--duration", type=float, default=20.0, help="seconds of load per level (default 20)")
     parser.add_argument("--max-requests", type=int, default=500, help="most requests per client and level")
     parser.add_argument("--max-tokens", type=int, default=32)
