@@ -21,6 +21,15 @@ PURE = [
     "gateway/sse.py",
     "gateway/errors.py",
     "gateway/config.py",
+    "gateway/protocols/frames.py",
+    "gateway/protocols/anthropic_errors.py",
+    "gateway/protocols/messages_translate.py",
+    "gateway/protocols/messages_stream.py",
+    "gateway/protocols/responses_translate.py",
+    "gateway/protocols/responses_stream.py",
+    "gateway/protocols/response_store.py",
+    "gateway/protocols/reasoning.py",
+    "gateway/protocols/native_observers.py",
 ]
 IO_MODULES = {
     "asyncio",
