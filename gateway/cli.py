@@ -1,4 +1,4 @@
-"""argv -> subcommands: serve, check, plan, kv, explain, sim, demo. The only module that reads argv."""
+"""argv -> subcommands: serve, check, plan, kv, explain, sim, demo, bench. The only module that reads argv."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
+from gateway.bench import command as bench_command
 from gateway.config import ConfigError, GatewayConfig, load_config
 from gateway.tools import kvcommand
 
@@ -162,6 +163,10 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--port", type=int, default=4000)
     d.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     d.set_defaults(func=cmd_demo)
+
+    b = sub.add_parser("bench", help="measure per-request speed and aggregate throughput, level by level")
+    bench_command.add_arguments(b)
+    b.set_defaults(func=bench_command.run)
     return p
 
 

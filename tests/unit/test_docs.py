@@ -27,7 +27,7 @@ README = REPO / "README.md"
 # The docs whose `gateway <subcommand>` mentions are checked, besides the README.
 COMMAND_DOCS = [
     README,
-    *(REPO / "docs" / f"{name}.md" for name in ("configuration", "routing", "simulator", "testing")),
+    *(REPO / "docs" / f"{name}.md" for name in ("configuration", "routing", "simulator", "testing", "bench")),
 ]
 # Environment for the doc's complete examples, which may use ${NAME} without a default.
 EXAMPLE_ENV = {"GATEWAY_API_KEY": "sk-example"}
