@@ -12,7 +12,7 @@ from typing import Any
 from prometheus_client import Gauge
 
 from gateway.inbound import InboundRequest
-from gateway.metrics import NONE, GatewayMetrics
+from gateway.metrics import NONE, GatewayMetrics, observe_many
 from gateway.registry import Backend
 from gateway.sse import StreamObserver
 
@@ -146,9 +146,7 @@ class Exchange:
         if obs is not None and obs.first_token_at is not None:
             m.child(m.ttft, *labels).observe(obs.first_token_at - self.started)
             if obs.gaps:
-                itl = m.child(m.itl, *labels)
-                for gap in obs.gaps:
-                    itl.observe(gap)
+                observe_many(m.child(m.itl, *labels), obs.gaps)
             decode = (obs.last_token_at or obs.first_token_at) - obs.first_token_at
             if completion and completion > 1 and decode > 0:
                 # The first token belongs to prefill; decode speed counts the ones after it.

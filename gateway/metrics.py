@@ -3,6 +3,8 @@ pool, backend, engine, outcome and a few fixed enums; a client's model string ne
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -149,3 +151,20 @@ class GatewayMetrics:
         if found is None:
             found = self._children[key] = metric.labels(*labels)
         return found
+
+
+def observe_many(child: Histogram, values: Sequence[float]) -> None:
+    """child.observe(v) for every value, at the cost of one lock per distinct bucket hit instead of
+    two per value: the values are bucketed here first. `child` is a labelled Histogram."""
+    if len(values) < 4:
+        for v in values:
+            child.observe(v)
+        return
+    bounds: list[float] = child._upper_bounds  # prometheus_client has no batch observe
+    counts = [0] * len(bounds)
+    for v in values:
+        counts[bisect_left(bounds, v)] += 1
+    child._sum.inc(sum(values))
+    for i, n in enumerate(counts):
+        if n:
+            child._buckets[i].inc(n)
