@@ -346,7 +346,7 @@ def main() -> int:
             conf.write_text(yaml)
             argv = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(conf), "--port", str(port)]
             argv += ["--log-level", level] if level else []
-            proc = env.start(name.replace("=", "-"), argv, px_core, env={**os.environ, "PYTHONPATH": str(src)})
+            proc = env.start(name.replace("=", "-"), argv, px_core, env={**os.environ, "PYTHONPATH": str(src)}, cwd=src)
             peer = Peer(name, {k: f"http://127.0.0.1:{port}" for k in KINDS}, [proc])
             wait_ready(peer.urls["json"] + path["json"], proc, body["json"])
             return peer
