@@ -51,7 +51,7 @@ class GatewayMetrics:
         )
         self.itl = Histogram(
             "gateway_inter_token_latency_seconds",
-            "Gap between consecutive content chunks of one stream.",
+            "Gap between consecutive reads of content from the upstream, in one stream.",
             _REQ,
             buckets=_ITL_BUCKETS,
             registry=r,
