@@ -11,6 +11,7 @@ from typing import Any
 
 from prometheus_client import Gauge
 
+from gateway import accesslog
 from gateway.inbound import InboundRequest
 from gateway.metrics import NONE, GatewayMetrics, observe_many
 from gateway.registry import Backend
@@ -157,22 +158,13 @@ class Exchange:
             if completion:
                 m.child(m.wasted_tokens, *labels).inc(completion)
         if log.isEnabledFor(logging.INFO):
-            ttft = obs.first_token_at - self.started if obs and obs.first_token_at else None
-            log.info(
-                "%s %s model=%s route=%s pool=%s backend=%s rule=%s status=%d outcome=%s "
-                "duration=%.4f ttft=%s out_tokens=%s",
-                self.request_id,
-                self.path,
-                self.inbound.model if self.inbound and self.route != "__unknown__" else "-",
-                self.route,
-                self.pool,
-                self.backend_name,
-                self.rule or "-",
-                self.status,
-                outcome,
-                duration,
-                f"{ttft:.4f}" if ttft is not None else "-",
-                completion if completion else 0,
+            ttft = f"{obs.first_token_at - self.started:.4f}" if obs and obs.first_token_at else "-"
+            model = self.inbound.model if self.inbound and self.route != "__unknown__" else "-"
+            accesslog.write(
+                log,
+                f"{self.request_id} {self.path} model={model} route={self.route} pool={self.pool} "
+                f"backend={self.backend_name} rule={self.rule or '-'} status={self.status} outcome={outcome} "
+                f"duration={duration:.4f} ttft={ttft} out_tokens={completion or 0}",
             )
 
 

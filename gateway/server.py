@@ -9,6 +9,7 @@ import gc
 import logging
 import signal
 import socket
+import sys
 import threading
 from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from typing import Any
 
 import uvicorn
 
+from gateway import accesslog
 from gateway.app import Gateway, GatewayApp, create_app
 from gateway.config import ConfigError, GatewayConfig, load_config
 from gateway.protocol import protocol_class
@@ -191,4 +193,6 @@ def run(main: Coroutine[Any, Any, None]) -> None:
 
 
 def configure_logging(level: str) -> None:
-    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    fmt = "%(asctime)s %(levelname)s %(name)s %(message)s"
+    logging.basicConfig(level=level.upper(), format=fmt)
+    accesslog.install(sys.stderr, fmt)
