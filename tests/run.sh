@@ -32,6 +32,16 @@ ruff check .
 ruff format --check .
 mypy
 
+say "overhead smoke (20 s: the gateway beside a 35-line proxy; fails only past 2x its CPU)"
+if ! command -v nginx >/dev/null || ! command -v wrk >/dev/null; then
+    [ "$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx wrk >/dev/null
+fi
+if command -v nginx >/dev/null && command -v wrk >/dev/null; then
+    bash benchmarks/overhead/run.sh --smoke
+else
+    echo "nginx or wrk missing (not root): the overhead smoke is skipped"
+fi
+
 say "tests"
 export GATEWAY_REQUIRE_ENGINES=${GATEWAY_REQUIRE_ENGINES:-1}
 export GATEWAY_REQUIRE_PROMETHEUS=${GATEWAY_REQUIRE_PROMETHEUS:-1}

@@ -118,8 +118,9 @@ def router_venv(package: str, version: str) -> tuple[Path | None, str]:
     return venv, ""
 
 
-def wait_ready(url: str, proc: Proc, body: Path, timeout_s: float = 60.0) -> None:
-    """Until one POST through the proxy answers 200 (routers wait for their workers' health first)."""
+def wait_ready(url: str, proc: Proc, body: Path, events: int = 0, timeout_s: float = 60.0) -> None:
+    """Until one POST through the proxy answers 200 (routers wait for their workers' health first)
+    with, for a stream, at least `events` events and [DONE]: a sanity check of what it relays."""
     deadline = time.monotonic() + timeout_s
     last: Any = None
     while time.monotonic() < deadline:
@@ -127,7 +128,7 @@ def wait_ready(url: str, proc: Proc, body: Path, timeout_s: float = 60.0) -> Non
             raise RuntimeError(f"{proc.name} exited:\n{proc.tail()}")
         with contextlib.suppress(Exception):
             last = loadgen_check(url, body)
-            if last["status"] == 200:
+            if last["status"] == 200 and (not events or (last["events"] >= events and last["done"])):
                 return
         time.sleep(0.3)
     raise RuntimeError(f"{proc.name} not ready at {url} after {timeout_s}s ({last}):\n{proc.tail()}")
@@ -316,6 +317,7 @@ def main() -> int:
     for kind in KINDS:
         max_tokens = a.tokens if kind == "paced" else 128
         body[kind].write_bytes(configs.request_body(MODEL[kind], kind != "json", max_tokens))
+    want = {"json": 0, "sse": a.chunks + 1, "paced": a.tokens + 1}  # events a good answer has
     path = {"json": "/v1/chat/completions", "sse": "/v1/chat/completions", "paced": "/v1/chat/completions"}
     results: dict[str, dict[str, list[dict[str, Any]]]] = {}
     peers: list[Peer] = []
@@ -348,7 +350,8 @@ def main() -> int:
             argv += ["--log-level", level] if level else []
             proc = env.start(name.replace("=", "-"), argv, px_core, env={**os.environ, "PYTHONPATH": str(src)}, cwd=src)
             peer = Peer(name, {k: f"http://127.0.0.1:{port}" for k in KINDS}, [proc])
-            wait_ready(peer.urls["json"] + path["json"], proc, body["json"])
+            for kind in KINDS:
+                wait_ready(peer.urls[kind] + path[kind], proc, body[kind], want[kind])
             return peer
 
         def start_single(name: str, argv_for: Callable[[str, int], list[str]]) -> Peer:
@@ -360,7 +363,7 @@ def main() -> int:
                 peer.procs.append(proc)
                 peer.urls[kind] = f"http://127.0.0.1:{port}"
             for kind, proc in zip(KINDS, peer.procs, strict=True):
-                wait_ready(peer.urls[kind] + path[kind], proc, body[kind])
+                wait_ready(peer.urls[kind] + path[kind], proc, body[kind], want[kind])
             return peer
 
         for name in peer_names:
@@ -417,7 +420,10 @@ def main() -> int:
                         host_port = upstream[kind].removeprefix("http://127.0.0.1:")
                         up_p, _, prefix = host_port.partition("/")
                         servers += NGINX_PROXY_SERVER.format(
-                            kind=kind, up_port=up_p, port=port, prefix=f"/{prefix}" if prefix else ""
+                            kind=kind,
+                            up_port=up_p,
+                            port=port,
+                            prefix=f"/{prefix}/" if prefix else "",  # location / -> /sse/
                         )
                         peer.urls[kind] = f"http://127.0.0.1:{port}"
                     (tmp / "nginx-proxy.conf").write_text(NGINX_PROXY_CONF.format(tmp=tmp, servers=servers))
@@ -425,7 +431,7 @@ def main() -> int:
                     proc = env.start("nginx-proxy", argv, px_core)
                     peer.procs.append(proc)
                     for kind in KINDS:
-                        wait_ready(peer.urls[kind] + path[kind], proc, body[kind])
+                        wait_ready(peer.urls[kind] + path[kind], proc, body[kind], want[kind])
                 else:
                     raise SystemExit(f"unknown peer {name}")
             except RuntimeError as exc:
