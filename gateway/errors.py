@@ -18,7 +18,12 @@ GatewayError                        -> {"error": {"message", "type", "param", "c
 from __future__ import annotations
 
 import json
+import math
+from email.utils import parsedate_to_datetime
 from typing import Any, ClassVar
+
+MAX_RETRY_AFTER_S = 3600
+"""The longest Retry-After the gateway passes on: a backend's `1e999` must not park a client for ever."""
 
 
 class GatewayError(Exception):
@@ -55,8 +60,36 @@ class GatewayError(Exception):
     def headers(self) -> dict[str, str]:
         headers = {"x-gateway-error": "1"}
         if self.retry_after is not None:
-            headers["retry-after"] = str(max(1, round(self.retry_after)))
+            headers["retry-after"] = str(retry_after_seconds(self.retry_after))
         return headers
+
+
+def retry_after_seconds(value: float) -> int:
+    """A Retry-After value to send: whole seconds in [1, MAX_RETRY_AFTER_S]; NaN counts as 1."""
+    if math.isnan(value):
+        return 1
+    return int(min(MAX_RETRY_AFTER_S, max(1.0, math.ceil(value)))) if math.isfinite(value) else MAX_RETRY_AFTER_S
+
+
+def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
+    """A backend's Retry-After (delta seconds or an HTTP date) as seconds from now, clamped to
+    [0, MAX_RETRY_AFTER_S]; None when absent, non-finite or not understood."""
+    if not value:
+        return None
+    text = value.strip()
+    try:
+        seconds = float(text)
+    except ValueError:
+        try:
+            when = parsedate_to_datetime(text)
+        except (TypeError, ValueError, IndexError, OverflowError):
+            return None
+        if when.tzinfo is None or now is None:
+            return None
+        seconds = when.timestamp() - now
+    if not math.isfinite(seconds):
+        return None
+    return min(float(MAX_RETRY_AFTER_S), max(0.0, seconds))
 
 
 class InvalidRequest(GatewayError):

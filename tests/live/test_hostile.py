@@ -1,0 +1,55 @@
+"""Hostile clients and broken engines (issue 12; docs/reliability.md): each test is one defect
+found by attacking the gateway, reproduced over real sockets against a real uvicorn."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+from aiohttp import web
+
+from tests.live.conftest import StackFactory, chat
+
+pytestmark = pytest.mark.live
+
+
+@pytest.fixture
+async def broken_engine() -> AsyncIterator[tuple[str, list[str]]]:
+    """An emulator of a broken engine (not the simulator): healthy, but every completion is
+    answered 429 with the Retry-After the test puts in the list."""
+    retry_after: list[str] = []
+
+    async def health(request: web.Request) -> web.Response:
+        return web.json_response({})
+
+    async def complete(request: web.Request) -> web.Response:
+        await request.read()
+        body = {"error": {"message": "slow down", "type": "rate_limit", "code": 429}}
+        return web.json_response(body, status=429, headers={"retry-after": retry_after[0]})
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    app.router.add_post("/v1/chat/completions", complete)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    yield f"http://127.0.0.1:{port}", retry_after
+    await runner.cleanup()
+
+
+@pytest.mark.parametrize("value", ["inf", "1e999", "-inf", "nan", "1e300", "Wed, 21 Oct 2015 07:28:00 GMT"])
+async def test_a_backends_absurd_retry_after_is_clamped(
+    make_stack: StackFactory, broken_engine: tuple[str, list[str]], value: str
+) -> None:
+    """Defect 10: `Retry-After: inf` crashed round() and gave a text/plain 500."""
+    url, retry_after = broken_engine
+    retry_after.append(value)
+    stack = await make_stack(pools={"vllm": [url]}, retry={"max_attempts": 1})
+    async with httpx.AsyncClient(timeout=10) as client:
+        r = await client.post(stack.base_url + "/v1/chat/completions", json=chat(max_tokens=1))
+    assert r.status_code == 429 and r.headers["content-type"] == "application/json"
+    assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+    assert 1 <= int(r.headers["retry-after"]) <= 3600
