@@ -96,6 +96,9 @@ def _assemble(gw: Gateway) -> _Served:
     ]
     routes = Endpoints(gw.config, gw.registry, gw.metrics, gw.scraper, gw.lifecycle).routes(endpoints)
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_exception})
+    # Starlette's trailing-slash redirect builds its Location from the client's Host header (an open
+    # redirect, issue 12 defect 11); an unknown path is an OpenAI-shaped 404 instead.
+    app.router.redirect_slashes = False
     app.state.gateway = gw
     return _Served(gw, app, {e.path: e for e in endpoints}, [])
 

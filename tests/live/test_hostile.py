@@ -53,3 +53,18 @@ async def test_a_backends_absurd_retry_after_is_clamped(
     assert r.status_code == 429 and r.headers["content-type"] == "application/json"
     assert set(r.json()["error"]) == {"message", "type", "param", "code"}
     assert 1 <= int(r.headers["retry-after"]) <= 3600
+
+
+@pytest.mark.parametrize(
+    ("method", "path"), [("POST", "/v1/chat/completions/"), ("GET", "/v1/models/"), ("GET", "/healthz/")]
+)
+async def test_a_trailing_slash_is_a_404_not_a_redirect_to_the_host_header(
+    make_stack: StackFactory, method: str, path: str
+) -> None:
+    """Defect 11: Starlette's slash redirect answered 307 to http://evil.example/... ."""
+    stack = await make_stack()
+    async with httpx.AsyncClient(timeout=10) as client:
+        r = await client.request(method, stack.base_url + path, json=chat(), headers={"host": "evil.example"})
+    assert r.status_code == 404 and "location" not in r.headers
+    assert r.json()["error"]["code"] == "not_found"
+    assert stack.sims["vllm-0"].stats.seen == 0
