@@ -43,6 +43,10 @@ class ServerConfig(_Model):
 
 
 class LimitsConfig(_Model):
+    max_header_bytes: Annotated[int, Field(ge=1024)] = 64 * 1024
+    """The request line and headers together; past it the client gets 431 and the connection closes."""
+    max_headers: Annotated[int, Field(ge=8)] = 100
+    """Header fields in one request; past it, 431."""
     max_body_bytes: Annotated[int, Field(ge=1024)] = 10 * 1024 * 1024
     max_json_depth: Annotated[int, Field(ge=2, le=10_000)] = 64
     max_n: Annotated[int, Field(ge=1)] = 8

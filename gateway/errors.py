@@ -8,6 +8,7 @@ GatewayError                        -> {"error": {"message", "type", "param", "c
  ├─ MethodNotAllowed        405
  ├─ PayloadTooLarge         413
  ├─ UnsupportedMediaType    415
+ ├─ HeaderTooLarge          431       request head over limits.max_header_bytes / max_headers
  ├─ Overloaded              429/503   no capacity; carries Retry-After
  ├─ NoHealthyBackend        503       carries Retry-After
  ├─ UpstreamError           502       connect failure, bad upstream response
@@ -133,6 +134,12 @@ class UnsupportedMediaType(GatewayError):
     status = 415
     type = "invalid_request_error"
     default_code = "unsupported_media_type"
+
+
+class HeaderTooLarge(GatewayError):
+    status = 431
+    type = "invalid_request_error"
+    default_code = "request_header_fields_too_large"
 
 
 class Overloaded(GatewayError):
