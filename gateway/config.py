@@ -49,6 +49,10 @@ class LimitsConfig(_Model):
     """Header fields in one request; past it, 431."""
     max_body_bytes: Annotated[int, Field(ge=1024)] = 10 * 1024 * 1024
     max_json_depth: Annotated[int, Field(ge=2, le=10_000)] = 64
+    max_json_nodes: Annotated[int, Field(ge=1000)] = 1_000_000
+    """Values in the body's JSON (every scalar, object and array); counted before parsing."""
+    max_json_containers: Annotated[int, Field(ge=100)] = 100_000
+    """Objects and arrays in the body's JSON; counted before parsing."""
     max_n: Annotated[int, Field(ge=1)] = 8
     max_messages: Annotated[int, Field(ge=1)] = 10_000
     queue_timeout_s: Annotated[float, Field(ge=0)] = 30.0

@@ -119,7 +119,13 @@ class CompletionEndpoint:
                 return
             limits = self._config.limits
             inbound = parse_request(
-                self.kind, raw, max_depth=limits.max_json_depth, max_n=limits.max_n, max_messages=limits.max_messages
+                self.kind,
+                raw,
+                max_depth=limits.max_json_depth,
+                max_n=limits.max_n,
+                max_messages=limits.max_messages,
+                max_nodes=limits.max_json_nodes,
+                max_containers=limits.max_json_containers,
             )
             route = self._config.route_for(inbound.model)
             if route is None:

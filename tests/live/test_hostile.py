@@ -68,3 +68,15 @@ async def test_a_trailing_slash_is_a_404_not_a_redirect_to_the_host_header(
     assert r.status_code == 404 and "location" not in r.headers
     assert r.json()["error"]["code"] == "not_found"
     assert stack.sims["vllm-0"].stats.seen == 0
+
+
+async def test_json_amplification_is_400_and_never_reaches_the_engine(make_stack: StackFactory) -> None:
+    """Defect 4: 3.4 million `{}` in an ignored field, under the 10 MiB body limit, were parsed
+    (500 MB, 4.5 s of CPU) and forwarded."""
+    stack = await make_stack()
+    body = b'{"model":"tiny","messages":[{"role":"user","content":"hi"}],"x":[' + b",".join([b"{}"] * 3_400_000) + b"]}"
+    async with httpx.AsyncClient(timeout=30) as client:
+        r = await client.post(stack.base_url + "/v1/chat/completions", content=body)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "json_too_many_nodes"
+        ok = await client.post(stack.base_url + "/v1/chat/completions", json=chat(max_tokens=1))
+    assert ok.status_code == 200 and stack.sims["vllm-0"].stats.seen == 1
