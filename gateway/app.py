@@ -87,6 +87,9 @@ class _Served:
     app: Starlette
     fast: dict[str, CompletionEndpoint]
     tasks: list[asyncio.Task[None]]
+    active: int = 0
+    """Completion requests running on this gateway, from the first byte of their handling to the
+    last: a retired gateway's session is closed only once this is 0."""
 
 
 def _assemble(gw: Gateway) -> _Served:
@@ -168,7 +171,11 @@ class GatewayApp:
         if scope["type"] == "http" and scope["method"] == "POST":
             endpoint = served.fast.get(scope["path"])
             if endpoint is not None:
-                await endpoint(scope, receive, send)
+                served.active += 1
+                try:
+                    await endpoint(scope, receive, send)
+                finally:
+                    served.active -= 1
                 return
         if scope["type"] == "lifespan":
             await self._lifespan(receive, send)
@@ -198,17 +205,19 @@ class GatewayApp:
         await _start(new)
         old, self._served = self._served, new
         gone = {b.name for b in old.gateway.registry} - {b.name for b in new.gateway.registry}
-        task = asyncio.create_task(self._retire(old, gone, config.server.drain_timeout_s), name="retire")
+        task = asyncio.create_task(self._retire(old, gone), name="retire")
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)
         log.info("config reloaded: %d pools, %d routes", len(config.pools), len(config.routes))
 
-    async def _retire(self, old: _Served, gone: set[str], drain_s: float) -> None:
+    async def _retire(self, old: _Served, gone: set[str]) -> None:
+        """Close the old gateway once its last request has ended, however long that takes: closing
+        its session under a live stream would cut it (issue 12, defect 1). No request waits for
+        ever: each ends by its own deadlines (timeouts.first_byte_s, idle_s, limits.queue_timeout_s),
+        a client leaving, or the drain deadline at shutdown."""
         for task in old.tasks:  # the new gateway checks health and scrapes load from now on
             task.cancel()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + drain_s
-        while old.gateway.registry.total_in_flight and loop.time() < deadline:
+        while old.active or old.gateway.registry.total_in_flight:
             await asyncio.sleep(0.1)
         await _stop(old)
         for backend in old.gateway.registry:
