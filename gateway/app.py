@@ -13,6 +13,9 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.types import Receive, Scope, Send
 
+from gateway.access.gate import AccessGate, CounterStore
+from gateway.access.keys import KeyRing
+from gateway.access.memory_store import MemoryStore
 from gateway.config import GatewayConfig
 from gateway.enforcer import CapEnforcer
 from gateway.handler import CompletionEndpoint
@@ -45,6 +48,21 @@ class Gateway:
     health: HealthChecker
     scraper: LoadScraper
     lifecycle: Lifecycle
+    access: AccessGate
+
+
+def access_gate(config: GatewayConfig, metrics: GatewayMetrics, memory: MemoryStore | None = None) -> AccessGate:
+    """Client keys and their limits: counted in Redis when `redis:` is configured (shared by every
+    replica), else in this process (`memory`, kept across reloads)."""
+    store: CounterStore
+    if config.redis is not None:
+        from gateway.access.redis_store import RedisStore  # only a Redis-backed gateway needs the client
+
+        store, name = RedisStore(config.redis.url, config.redis.timeout_s), "redis"
+        fail_open, prefix = config.redis.fail_open, config.redis.key_prefix
+    else:
+        store, name, fail_open, prefix = memory or MemoryStore(), "memory", True, "gateway:rl:"
+    return AccessGate(KeyRing.from_config(config), store, name, metrics, fail_open=fail_open, prefix=prefix)
 
 
 def build(
@@ -52,6 +70,7 @@ def build(
     platform: Platform | None = None,
     metrics: GatewayMetrics | None = None,
     lifecycle: Lifecycle | None = None,
+    memory: MemoryStore | None = None,
 ) -> Gateway:
     metrics = metrics or GatewayMetrics()
     registry = Registry(config)
@@ -76,6 +95,7 @@ def build(
         health=HealthChecker(registry, upstream, metrics, config.health),
         scraper=LoadScraper(registry, upstream, metrics, config.health),
         lifecycle=lifecycle or Lifecycle(),
+        access=access_gate(config, metrics, memory),
     )
 
 
@@ -94,10 +114,12 @@ class _Served:
 
 def _assemble(gw: Gateway) -> _Served:
     endpoints = [
-        CompletionEndpoint(kind, gw.config, gw.registry, gw.router, gw.caps, gw.proxy, gw.metrics, gw.lifecycle)
+        CompletionEndpoint(
+            kind, gw.config, gw.registry, gw.router, gw.caps, gw.proxy, gw.metrics, gw.lifecycle, gw.access
+        )
         for kind in ("chat", "completions", "embeddings")
     ]
-    routes = Endpoints(gw.config, gw.registry, gw.metrics, gw.scraper, gw.lifecycle).routes(endpoints)
+    routes = Endpoints(gw.config, gw.registry, gw.metrics, gw.scraper, gw.lifecycle, gw.access).routes(endpoints)
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_exception})
     # Starlette's trailing-slash redirect builds its Location from the client's Host header (an open
     # redirect, issue 12 defect 11); an unknown path is an OpenAI-shaped 404 instead.
@@ -132,6 +154,7 @@ async def _stop(served: _Served) -> None:
         task.cancel()
     await asyncio.gather(*served.tasks, return_exceptions=True)
     await served.gateway.upstream.close()
+    await served.gateway.access.close()
 
 
 def create_app(config: GatewayConfig, platform: Platform | None = None) -> GatewayApp:
@@ -151,7 +174,8 @@ class GatewayApp:
         self._platform = platform
         self._metrics = GatewayMetrics()
         self._lifecycle = Lifecycle()
-        self._served = _assemble(build(config, platform, self._metrics, self._lifecycle))
+        self._memory = MemoryStore()  # per-replica limit counters survive a reload
+        self._served = _assemble(build(config, platform, self._metrics, self._lifecycle, self._memory))
         self._retiring: set[asyncio.Task[None]] = set()
 
     @property
@@ -201,7 +225,7 @@ class GatewayApp:
 
     async def reload(self, config: GatewayConfig) -> None:
         """Swap in a gateway built from `config`; the old one drains in the background."""
-        new = _assemble(build(config, self._platform, self._metrics, self._lifecycle))
+        new = _assemble(build(config, self._platform, self._metrics, self._lifecycle, self._memory))
         await _start(new)
         old, self._served = self._served, new
         gone = {b.name for b in old.gateway.registry} - {b.name for b in new.gateway.registry}

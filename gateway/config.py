@@ -32,14 +32,54 @@ class ServerConfig(_Model):
     request_timeout_s: Annotated[float, Field(ge=0)] = 30.0
     """Time a client has to send a whole request, headers and body (slowloris); 0 disables."""
     api_keys: tuple[SecretStr, ...] = ()
-    """Client keys accepted as `Authorization: Bearer ...`; an empty list means no client auth."""
+    """Client keys accepted as `Authorization: Bearer ...`, each the key itself or `sha256:<hex>`
+    of it; an empty list (and no `keys:`) means no client auth."""
 
     @model_validator(mode="after")
     def _no_empty_keys(self) -> ServerConfig:
         # An unset ${KEY:-} must not silently turn client auth off (or lock every client out).
         if any(not k.get_secret_value().strip() for k in self.api_keys):
             raise ValueError("api_keys: a key is empty (is its environment variable set?)")
+        for k in self.api_keys:
+            _check_hashed(k.get_secret_value(), "api_keys")
         return self
+
+
+_SHA256 = re.compile(r"^sha256:[0-9a-fA-F]{64}$")
+
+
+def _check_hashed(key: str, where: str) -> None:
+    if key.startswith("sha256:") and not _SHA256.match(key):
+        raise ValueError(f"{where}: a `sha256:` key must be followed by 64 hex digits")
+
+
+class ClientKeyConfig(_Model):
+    name: Annotated[str, Field(pattern=_NAME_PATTERN, max_length=64)]
+    """Names the key in logs and in gateway_rate_limited_total; never the key itself."""
+    key: SecretStr
+    """The key itself (e.g. `${TEAM_A_KEY}`), or `sha256:<64 hex digits>` of it."""
+    models: tuple[str, ...] = ()
+    """Model names or globs this key may use; empty means every model."""
+    requests_per_minute: Annotated[int, Field(ge=1)] | None = None
+    tokens_per_minute: Annotated[int, Field(ge=1)] | None = None
+    """Prompt plus completion tokens, counted when each request ends."""
+
+    @model_validator(mode="after")
+    def _check_key(self) -> ClientKeyConfig:
+        if not self.key.get_secret_value().strip():
+            raise ValueError("key is empty (is its environment variable set?)")
+        _check_hashed(self.key.get_secret_value(), "key")
+        return self
+
+
+class RedisConfig(_Model):
+    url: Annotated[str, Field(pattern=r"^(redis|rediss|unix)://")]
+    """Where the per-key limit counters live, shared by every replica: `redis://host:6379/0`."""
+    fail_open: bool = True
+    """When Redis cannot be reached: true serves the request unlimited, false answers 503."""
+    timeout_s: Annotated[float, Field(gt=0)] = 0.25
+    """Longest wait for one Redis call before it counts as unreachable."""
+    key_prefix: str = "gateway:rl:"
 
 
 class LimitsConfig(_Model):
@@ -190,6 +230,8 @@ class GatewayConfig(_Model):
     retry: RetryConfig = RetryConfig()
     health: HealthConfig = HealthConfig()
     routing: RoutingConfig = RoutingConfig()
+    keys: tuple[ClientKeyConfig, ...] = ()
+    redis: RedisConfig | None = None
     pools: Mapping[Annotated[str, Field(pattern=_NAME_PATTERN)], PoolConfig]
     routes: Annotated[tuple[RouteConfig, ...], Field(min_length=1)]
 
@@ -210,6 +252,9 @@ class GatewayConfig(_Model):
                 if name in seen:
                     problems.append(f"pools.{pool_name}.backends.{j}.name: duplicate backend name {name!r}")
                 seen.add(name)
+        names = [k.name for k in self.keys]
+        for name in {x for x in names if names.count(x) > 1}:
+            problems.append(f"keys: duplicate key name {name!r}")
         labels = [r.label for r in self.routes]
         for label in {x for x in labels if labels.count(x) > 1}:
             problems.append(f"routes: duplicate route name {label!r}")

@@ -4,11 +4,13 @@ GatewayError                        -> {"error": {"message", "type", "param", "c
  ├─ InvalidRequest          400       bad JSON, wrong types, invalid max_tokens, limits
  │   └─ ContextLengthExceeded 400     prompt (+ output) over the route's cap
  ├─ Unauthorized            401
+ ├─ ModelNotAllowed         403       the client's key may not use this model
  ├─ NotFound                404       unknown model, unknown path
  ├─ MethodNotAllowed        405
  ├─ PayloadTooLarge         413
  ├─ UnsupportedMediaType    415
  ├─ HeaderTooLarge          431       request head over limits.max_header_bytes / max_headers
+ ├─ RateLimited             429       a key's requests or tokens per minute; carries Retry-After
  ├─ Overloaded              429/503   no capacity; carries Retry-After
  ├─ NoHealthyBackend        503       carries Retry-After
  ├─ UpstreamError           502       connect failure, bad upstream response
@@ -106,6 +108,28 @@ class Unauthorized(GatewayError):
     status = 401
     type = "authentication_error"
     default_code = "invalid_api_key"
+
+
+class ModelNotAllowed(GatewayError):
+    status = 403
+    type = "invalid_request_error"
+    default_code = "model_not_allowed"
+
+
+class RateLimited(GatewayError):
+    """A client key over its own limit: the client's quota, not the gateway's capacity. OpenAI's
+    shape: type names the limit (`requests` or `tokens`), code is `rate_limit_exceeded`."""
+
+    status = 429
+    type = "requests"
+    default_code = "rate_limit_exceeded"
+
+    def __init__(self, message: str, *, limit: str, retry_after: float) -> None:
+        super().__init__(message, retry_after=retry_after)
+        self.limit = limit
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.limit, "param": None, "code": self.code}}
 
 
 class NotFound(GatewayError):

@@ -14,7 +14,8 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from gateway.auth import ClientAuth
+from gateway.access.gate import AccessGate
+from gateway.access.keys import ClientKey
 from gateway.config import GatewayConfig
 from gateway.enforcer import CapEnforcer
 from gateway.errors import (
@@ -24,6 +25,7 @@ from gateway.errors import (
     NoHealthyBackend,
     Overloaded,
     PayloadTooLarge,
+    RateLimited,
     UpstreamTimeout,
 )
 from gateway.exchange import Exchange
@@ -80,6 +82,7 @@ class CompletionEndpoint:
         proxy: Proxy,
         metrics: GatewayMetrics,
         lifecycle: Lifecycle,
+        access: AccessGate,
     ) -> None:
         self.kind = kind
         self._lifecycle = lifecycle
@@ -92,7 +95,7 @@ class CompletionEndpoint:
         # Request ids: a random per-endpoint prefix and a counter; os.urandom per request was a syscall.
         self._id_prefix = os.urandom(6).hex()
         self._id_counter = itertools.count(1)
-        self._auth = ClientAuth([k.get_secret_value() for k in config.server.api_keys])
+        self._access = access
 
     @property
     def path(self) -> str:
@@ -109,10 +112,11 @@ class CompletionEndpoint:
         task = asyncio.current_task()
         assert task is not None
         watcher: asyncio.Task[None] | None = None
+        client: ClientKey | None = None
         try:
             if self._lifecycle.draining:
                 raise NoHealthyBackend("The gateway is shutting down.", code="draining", retry_after=1)
-            self._auth.check(headers.get("authorization"))
+            client = self._access.authenticate(headers.get("authorization"))
             raw = await _read_body(receive, headers, self._config.limits.max_body_bytes)
             if raw is None:
                 ex.disconnect_stage = "before_backend"
@@ -133,6 +137,7 @@ class CompletionEndpoint:
                     f"The model '{_clip(inbound.model)}' does not exist on this gateway.", param="model"
                 )
             ex.route, ex.inbound, ex.upstream_model = route.label, inbound, route.upstream_model
+            await self._access.admit(client, inbound.model)  # the key's model allowlist and limits
             watcher = asyncio.create_task(_watch_disconnect(receive, task, ex))
             plan = self._router.plan(route, inbound, headers, self._caps.routing_estimate(route, inbound))
             ex.pool, ex.rule = plan.pool, plan.rule
@@ -174,6 +179,7 @@ class CompletionEndpoint:
                 watcher.cancel()
             ex.finish()
             usage = ex.reported_usage()
+            self._access.account(client, usage, ex.prompt_estimate + ex.streamed_tokens if ex.sent_at else 0)
             if usage is not None and ex.outcome == "success":
                 self._caps.learn(
                     ex, usage.get("prompt_tokens") if isinstance(usage.get("prompt_tokens"), int) else None
@@ -274,6 +280,8 @@ def _clip(text: str, limit: int = 64) -> str:
 
 
 def _outcome_for(err: GatewayError) -> str:
+    if isinstance(err, RateLimited):
+        return "rejected_4xx"  # the client's own quota, not the gateway's capacity
     if isinstance(err, Overloaded | NoHealthyBackend):
         return "overloaded"
     if isinstance(err, UpstreamTimeout):

@@ -141,6 +141,23 @@ class GatewayMetrics:
             "gateway_backend_scrape_age_seconds", "Age of the last good load scrape.", ("pool", "backend"), registry=r
         )
 
+        # Client keys.
+        self.rate_limited = Counter(
+            "gateway_rate_limited",
+            "Requests refused 429 by a client key's own limit (key: its config name).",
+            ("key", "limit"),
+            registry=r,
+        )
+        self.limiter_up = Gauge(
+            "gateway_limiter_backend_up",
+            "1 when the rate-limit counter store (memory or redis) answered its last call.",
+            ("store",),
+            registry=r,
+        )
+        self.limiter_errors = Counter(
+            "gateway_limiter_errors", "Calls to the rate-limit counter store that failed.", ("store",), registry=r
+        )
+
     def child(self, metric: M, *labels: str) -> M:
         """metric.labels(*labels), memoised: labels() takes a lock and validates on every call, and
         the hot path asks for the same few children again and again. Bounded, as the labels are."""

@@ -21,6 +21,8 @@ PURE = [
     "gateway/sse.py",
     "gateway/errors.py",
     "gateway/config.py",
+    "gateway/access/keys.py",
+    "gateway/access/limiter.py",
 ]
 IO_MODULES = {
     "asyncio",
