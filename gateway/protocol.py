@@ -38,7 +38,7 @@ def protocol_class(
             if self._refusal is not None:  # refused: drop what the client still sends, a while
                 self._discard_left -= len(data)
                 if self._discard_left < 0:
-                    self.transport.close()
+                    self.transport.pause_reading()  # then wait, without reading, for the close
                 return
             # Count head bytes before the parser sees them: httptools builds a header value by
             # repeated concatenation, so a 128 MB header must be cut here, not in a callback.
@@ -94,8 +94,8 @@ def protocol_class(
         def _send_431(self, message: str) -> None:
             """431 with an OpenAI-shaped body, then close; if a response is still being written
             on this connection (pipelining), close without one rather than interleave. The close
-            lingers (up to 1 s and 1 MiB more of the client's bytes, read and dropped), so that a
-            client still writing its head gets to read the 431 rather than a reset."""
+            lingers 1 s (reading and dropping up to 1 MiB more, then not reading at all), so that a
+            client still writing its head gets to read the 431 before the reset."""
             self._disarm()
             if self.transport.is_closing():
                 return
