@@ -1,4 +1,5 @@
-"""The errors the gateway raises, and the one OpenAI-shaped body they all render to.
+"""The errors the gateway raises, and the one OpenAI-shaped body they all render to; every
+message is scrubbed of anything that looks like a credential (an engine may quote its key).
 
 GatewayError                        -> {"error": {"message", "type", "param", "code"}}
  ├─ InvalidRequest          400       bad JSON, wrong types, invalid max_tokens, limits
@@ -22,8 +23,31 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from email.utils import parsedate_to_datetime
 from typing import Any, ClassVar
+
+# Credentials an engine may quote back in its error text (the Authorization header it received,
+# a key in a URL or a config dump). Every message the gateway renders is scrubbed of them.
+_CREDENTIALS = (
+    (re.compile(r"(?i)\b(bearer|basic)(\s+)[A-Za-z0-9._~+/=:\-]{4,}"), r"\1\2[redacted]"),
+    (
+        re.compile(
+            r"(?i)\b([\w-]*(?:api[_-]?key|secret|password|passwd|token|authorization))"
+            r"(\s*[\"']?\s*[:=]\s*[\"']?)(?!(?:bearer|basic)\b)[^\s\"',;&}\[]{3,}"
+        ),
+        r"\1\2[redacted]",
+    ),
+    (re.compile(r"\b(sk|pk|rk)-[A-Za-z0-9_\-]{6,}"), r"\1-[redacted]"),
+)
+
+
+def redact(text: str) -> str:
+    """text with anything that looks like a credential replaced by `[redacted]`."""
+    for pattern, replacement in _CREDENTIALS:
+        text = pattern.sub(replacement, text)
+    return text
+
 
 MAX_RETRY_AFTER_S = 3600
 """The longest Retry-After the gateway passes on: a backend's `1e999` must not park a client for ever."""
@@ -43,6 +67,7 @@ class GatewayError(Exception):
         retry_after: float | None = None,
         status: int | None = None,
     ) -> None:
+        message = redact(message)
         super().__init__(message)
         self.message = message
         self.code = code if code is not None else self.default_code

@@ -3,7 +3,9 @@ found by attacking the gateway, reproduced over real sockets against a real uvic
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 
 import httpx
 import pytest
@@ -14,19 +16,38 @@ from tests.live.conftest import StackFactory, chat
 pytestmark = pytest.mark.live
 
 
+@dataclass
+class Broken:
+    """What the broken engine answers every completion with: `{auth}` in the message becomes the
+    Authorization header it received; `stream_error` answers a 200 stream whose first event is it."""
+
+    status: int = 429
+    message: str = "slow down"
+    headers: dict[str, str] = field(default_factory=dict)
+    stream_error: bool = False
+    seen: list[dict[str, str]] = field(default_factory=list)
+
+
 @pytest.fixture
-async def broken_engine() -> AsyncIterator[tuple[str, list[str]]]:
-    """An emulator of a broken engine (not the simulator): healthy, but every completion is
-    answered 429 with the Retry-After the test puts in the list."""
-    retry_after: list[str] = []
+async def broken_engine() -> AsyncIterator[tuple[str, Broken]]:
+    """An emulator of a broken engine (not the simulator): healthy, but every completion gets the
+    error the test sets up."""
+    broken = Broken()
 
     async def health(request: web.Request) -> web.Response:
         return web.json_response({})
 
-    async def complete(request: web.Request) -> web.Response:
+    async def complete(request: web.Request) -> web.StreamResponse:
         await request.read()
-        body = {"error": {"message": "slow down", "type": "rate_limit", "code": 429}}
-        return web.json_response(body, status=429, headers={"retry-after": retry_after[0]})
+        broken.seen.append(dict(request.headers))
+        message = broken.message.replace("{auth}", request.headers.get("authorization", ""))
+        body = {"error": {"message": message, "type": "error", "code": broken.status}}
+        if broken.stream_error:
+            resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+            await resp.prepare(request)
+            await resp.write(b"data: " + json.dumps(body).encode() + b"\n\n")
+            return resp
+        return web.json_response(body, status=broken.status, headers=broken.headers)
 
     app = web.Application()
     app.router.add_get("/health", health)
@@ -36,17 +57,17 @@ async def broken_engine() -> AsyncIterator[tuple[str, list[str]]]:
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = runner.addresses[0][1]
-    yield f"http://127.0.0.1:{port}", retry_after
+    yield f"http://127.0.0.1:{port}", broken
     await runner.cleanup()
 
 
 @pytest.mark.parametrize("value", ["inf", "1e999", "-inf", "nan", "1e300", "Wed, 21 Oct 2015 07:28:00 GMT"])
 async def test_a_backends_absurd_retry_after_is_clamped(
-    make_stack: StackFactory, broken_engine: tuple[str, list[str]], value: str
+    make_stack: StackFactory, broken_engine: tuple[str, Broken], value: str
 ) -> None:
     """Defect 10: `Retry-After: inf` crashed round() and gave a text/plain 500."""
-    url, retry_after = broken_engine
-    retry_after.append(value)
+    url, broken = broken_engine
+    broken.headers["retry-after"] = value
     stack = await make_stack(pools={"vllm": [url]}, retry={"max_attempts": 1})
     async with httpx.AsyncClient(timeout=10) as client:
         r = await client.post(stack.base_url + "/v1/chat/completions", json=chat(max_tokens=1))
@@ -80,3 +101,21 @@ async def test_json_amplification_is_400_and_never_reaches_the_engine(make_stack
         assert r.status_code == 400 and r.json()["error"]["code"] == "json_too_many_nodes"
         ok = await client.post(stack.base_url + "/v1/chat/completions", json=chat(max_tokens=1))
     assert ok.status_code == 200 and stack.sims["vllm-0"].stats.seen == 1
+
+
+@pytest.mark.parametrize(("status", "stream"), [(400, False), (404, False), (500, False), (502, False), (400, True)])
+async def test_an_engine_quoting_its_credentials_leaks_nothing(
+    make_stack: StackFactory, broken_engine: tuple[str, Broken], status: int, stream: bool
+) -> None:
+    """Defect 9: an engine error that quoted the Authorization it received reached the client."""
+    url, broken = broken_engine
+    broken.status, broken.stream_error = status, stream
+    broken.message = "bad request; you sent Authorization: {auth} and api_key=sk-proj-abcdefghijklmnop"
+    stack = await make_stack(pools={"vllm": [url]}, retry={"max_attempts": 1})
+    stack.gateway.registry.by_name["vllm-0"].api_key = "upstream-secret-42"
+    async with httpx.AsyncClient(timeout=10) as client:
+        r = await client.post(stack.base_url + "/v1/chat/completions", json=chat(max_tokens=1, stream=stream))
+    assert broken.seen and broken.seen[-1]["Authorization"] == "Bearer upstream-secret-42"
+    assert r.status_code >= 400 and set(r.json()["error"]) == {"message", "type", "param", "code"}
+    assert "upstream-secret-42" not in r.text and "sk-proj-abcdefghijklmnop" not in r.text
+    assert "[redacted]" in r.text

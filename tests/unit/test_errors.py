@@ -47,3 +47,33 @@ def test_backend_retry_after_is_parsed_safely(raw: str | None, expected: float |
 
 def test_no_retry_after_header_without_a_value() -> None:
     assert "retry-after" not in GatewayError("x").headers()
+
+
+@pytest.mark.parametrize(
+    ("text", "secret"),
+    [
+        ("you sent Authorization: Bearer upstream-secret-42", "upstream-secret-42"),
+        ("headers: {'x-api-key': 'abc123def'}", "abc123def"),
+        ('{"api_key": "hunter22"}', "hunter22"),
+        ("url ?token=eyJhbGciOi", "eyJhbGciOi"),
+        ("your key sk-proj-abcdefgh123 is wrong", "abcdefgh123"),
+        ("Basic dXNlcjpwYXNz", "dXNlcjpwYXNz"),
+    ],
+)
+def test_credentials_in_any_error_message_are_redacted(text: str, secret: str) -> None:
+    """Issue 12 defect 9: an engine's error text quoting its credentials is relayed scrubbed."""
+    err = GatewayError(text)
+    assert secret not in err.message and secret not in str(err) and "[redacted]" in err.message
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "This model's maximum context length is 4096 tokens; token limit exceeded",
+        "prompt token count: 5000 > 4096",
+        "'max_tokens' must be a positive integer, got -1.",
+        "Missing or invalid API key.",
+    ],
+)
+def test_ordinary_messages_are_untouched(text: str) -> None:
+    assert GatewayError(text).message == text
