@@ -3,6 +3,7 @@ found by attacking the gateway, reproduced over real sockets against a real uvic
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -11,7 +12,7 @@ import httpx
 import pytest
 from aiohttp import web
 
-from tests.live.conftest import StackFactory, chat
+from tests.live.conftest import StackFactory, chat, raw_request
 
 pytestmark = pytest.mark.live
 
@@ -119,3 +120,30 @@ async def test_an_engine_quoting_its_credentials_leaks_nothing(
     assert r.status_code >= 400 and set(r.json()["error"]) == {"message", "type", "param", "code"}
     assert "upstream-secret-42" not in r.text and "sk-proj-abcdefghijklmnop" not in r.text
     assert "[redacted]" in r.text
+
+
+async def test_only_safe_headers_reach_the_engine_and_unchanged(make_stack: StackFactory) -> None:
+    """Defect 12: Content-Encoding on a plain body (llama-server then answers 415), other
+    credential headers beside the gateway's key, and non-ASCII values double-encoded."""
+    stack = await make_stack()
+    dropped = {
+        "content-encoding": "gzip",
+        "openai-organization": "org-1",
+        "openai-project": "proj-1",
+        "x-goog-api-key": "g",
+        "anthropic-api-key": "a",
+        "x-auth-token": "t",
+        "x-real-ip": "10.0.0.1",
+    }
+    body = json.dumps(chat(max_tokens=1)).encode()
+    reader, writer = await raw_request(
+        stack.base_url, "/v1/chat/completions", body, {**dropped, "x-note": "café", "x-keep": "yes"}
+    )
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    writer.close()
+    assert head.startswith(b"HTTP/1.1 200")
+    seen = stack.sims["vllm-0"].stats.recent[-1].headers
+    for name in dropped:
+        assert name not in seen, name
+    assert seen["x-keep"] == "yes"
+    assert seen["x-note"].encode("latin-1") == "café".encode()  # the client's bytes, not cafÃ©
