@@ -55,7 +55,7 @@ def _check_hashed(key: str, where: str) -> None:
 
 class ClientKeyConfig(_Model):
     name: Annotated[str, Field(pattern=_NAME_PATTERN, max_length=64)]
-    """Names the key in logs and in gateway_rate_limited_total; never the key itself."""
+    """Names the key in gateway_rate_limited_total and its Redis counters; never the key itself."""
     key: SecretStr
     """The key itself (e.g. `${TEAM_A_KEY}`), or `sha256:<64 hex digits>` of it."""
     models: tuple[str, ...] = ()

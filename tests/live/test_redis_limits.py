@@ -1,24 +1,32 @@
 """Per-key limits shared across gateway replicas through a real redis-server (issue 12;
-docs/configuration.md `redis`): two gateways, each with its own state, hold one limit between
-them; when Redis goes away they keep serving (fail_open) or refuse limited keys (fail_open: false),
+docs/configuration.md `redis`): two gateways with their own state (two apps in one process, and two
+`gateway serve` processes) hold one limit between them; when Redis goes away they keep serving (fail_open) or refuse limited keys (fail_open: false),
 and the limiter metrics say so."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 from redis.asyncio import Redis
 
-from tests.live.conftest import Stack, StackFactory, chat
+from engines.sim import SimServer
+from tests.live.conftest import Stack, StackFactory, chat, sim_params
 from tests.live.redis_server import RedisServer, start_redis
+from tests.live.test_demo import free_port
 
 pytestmark = pytest.mark.live
 
 KEY = {"name": "team", "key": "sk-team", "requests_per_minute": 4}
+AUTH = {"authorization": "Bearer sk-team"}
 
 
 @pytest.fixture
@@ -105,3 +113,53 @@ async def test_tokens_counted_by_one_gateway_limit_the_other(
         await redis.aclose()
     assert second.status_code == 429 and second.json()["error"]["type"] == "tokens"
     assert b.sims["vllm-0"].stats.seen == 0
+
+
+async def test_two_gateway_processes_share_one_limit(redis_server: RedisServer, tmp_path: Path) -> None:
+    """The same across two `gateway serve` processes, in front of one simulated engine."""
+    async with SimServer(sim_params()) as sim:
+        cfg = tmp_path / "g.yaml"
+        cfg.write_text(
+            json.dumps(
+                {
+                    "pools": {"p": {"engine": "sim", "backends": [{"url": sim.base_url, "model": "tiny"}]}},
+                    "routes": [{"model": "tiny", "pools": ["p"]}],
+                    "keys": [KEY],
+                    "redis": {"url": redis_server.url},
+                }
+            )
+        )
+        procs, urls = [], []
+        try:
+            for _ in range(2):
+                port = free_port()
+                cmd = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg), "--port", str(port)]
+                procs.append(subprocess.Popen([*cmd, "--log-level", "warning"], stderr=subprocess.DEVNULL))
+                urls.append(f"http://127.0.0.1:{port}")
+            async with httpx.AsyncClient(timeout=10) as client:
+                for url in urls:
+                    async with asyncio.timeout(15):
+                        while True:
+                            with contextlib.suppress(httpx.TransportError):
+                                if (await client.get(url + "/readyz")).status_code == 200:
+                                    break
+                            await asyncio.sleep(0.05)
+                await fresh_minute()
+
+                async def post(url: str) -> int:
+                    r = await client.post(url + "/v1/chat/completions", json=chat(max_tokens=1), headers=AUTH)
+                    return r.status_code
+
+                codes = [await post(urls[i % 2]) for i in range(6)]
+                assert codes == [200, 200, 200, 200, 429, 429]
+                redis_server.stop()
+                assert [await post(urls[0]), await post(urls[1])] == [200, 200]
+                for url in urls:
+                    text = (await client.get(url + "/metrics")).text
+                    assert 'gateway_limiter_backend_up{store="redis"} 0.0' in text
+        finally:
+            for proc in procs:
+                proc.terminate()
+                proc.wait(timeout=15)
+    assert [p.returncode for p in procs] == [0, 0]
+    assert sim.stats.seen == 6
