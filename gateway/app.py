@@ -58,7 +58,7 @@ def access_gate(config: GatewayConfig, metrics: GatewayMetrics, memory: MemorySt
     if config.redis is not None:
         from gateway.access.redis_store import RedisStore  # only a Redis-backed gateway needs the client
 
-        store, name = RedisStore(config.redis.url, config.redis.timeout_s), "redis"
+        store, name = RedisStore(config.redis.url.get_secret_value(), config.redis.timeout_s), "redis"
         fail_open, prefix = config.redis.fail_open, config.redis.key_prefix
     else:
         store, name, fail_open, prefix = memory or MemoryStore(), "memory", True, "gateway:rl:"

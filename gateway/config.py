@@ -73,13 +73,20 @@ class ClientKeyConfig(_Model):
 
 
 class RedisConfig(_Model):
-    url: Annotated[str, Field(pattern=r"^(redis|rediss|unix)://")]
-    """Where the per-key limit counters live, shared by every replica: `redis://host:6379/0`."""
+    url: SecretStr
+    """Where the per-key limit counters live, shared by every replica: `redis://host:6379/0`.
+    Secret, as it may hold a password."""
     fail_open: bool = True
     """When Redis cannot be reached: true serves the request unlimited, false answers 503."""
     timeout_s: Annotated[float, Field(gt=0)] = 0.25
     """Longest wait for one Redis call before it counts as unreachable."""
     key_prefix: str = "gateway:rl:"
+
+    @model_validator(mode="after")
+    def _check_url(self) -> RedisConfig:
+        if not re.match(r"^(redis|rediss|unix)://\S+$", self.url.get_secret_value()):
+            raise ValueError("url must be redis://, rediss:// or unix://")
+        return self
 
 
 class LimitsConfig(_Model):
