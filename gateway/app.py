@@ -76,6 +76,7 @@ def build(
     registry = Registry(config)
     upstream = UpstreamClient(config.timeouts)
     resolved = platform or resolve_platform(config.routing.platform)
+    lifecycle = lifecycle or Lifecycle()
     return Gateway(
         config=config,
         metrics=metrics,
@@ -91,10 +92,11 @@ def build(
             idle_s=config.timeouts.idle_s,
             keepalive_s=config.timeouts.keepalive_s,
             first_byte_s=config.timeouts.first_byte_s,
+            lifecycle=lifecycle,
         ),
         health=HealthChecker(registry, upstream, metrics, config.health),
         scraper=LoadScraper(registry, upstream, metrics, config.health),
-        lifecycle=lifecycle or Lifecycle(),
+        lifecycle=lifecycle,
         access=access_gate(config, metrics, memory),
     )
 

@@ -14,6 +14,7 @@ GatewayError                        -> {"error": {"message", "type", "param", "c
  ├─ RateLimited             429       a key's requests or tokens per minute; carries Retry-After
  ├─ Overloaded              429/503   no capacity; carries Retry-After
  ├─ NoHealthyBackend        503       carries Retry-After
+ │   └─ ShuttingDown          503     the gateway is draining; also the last event of a cut stream
  ├─ UpstreamError           502       connect failure, bad upstream response
  ├─ UpstreamTimeout         504       no first byte in time
  └─ EngineError             any       an engine's own error, normalised by its adapter
@@ -201,6 +202,16 @@ class NoHealthyBackend(GatewayError):
     status = 503
     type = "service_unavailable"
     default_code = "no_healthy_backend"
+
+
+class ShuttingDown(NoHealthyBackend):
+    """The gateway is stopping: a new request is refused, or one in flight was cut by the drain.
+    It names the gateway, never the engine, so that no client (or operator) blames the backend."""
+
+    default_code = "shutdown"
+
+    def __init__(self, message: str = "The gateway is shutting down; this request was cut before it finished.") -> None:
+        super().__init__(message, retry_after=1)
 
 
 class UpstreamError(GatewayError):

@@ -26,6 +26,7 @@ from gateway.errors import (
     Overloaded,
     PayloadTooLarge,
     RateLimited,
+    ShuttingDown,
     UpstreamTimeout,
 )
 from gateway.exchange import Exchange
@@ -315,7 +316,7 @@ def _outcome_for(err: GatewayError) -> str:
 
 
 async def _send_shutdown(send: Send, ex: Exchange) -> None:
-    err = NoHealthyBackend("The gateway shut down before this request finished.", code="shutdown", retry_after=1)
+    err = ShuttingDown()
     try:
         if ex.response_started:
             await send(

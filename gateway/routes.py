@@ -81,6 +81,7 @@ class Endpoints:
         out += [
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/healthz", self.healthz, methods=["GET"]),
+            Route("/health", self.healthz, methods=["GET"]),  # vLLM's and SGLang's name; guidellm checks it
             Route("/readyz", self.readyz, methods=["GET"]),
             Route("/metrics", self.metrics, methods=["GET"]),
         ]

@@ -36,6 +36,11 @@ fi
 say "real engines (cached)"
 bash tests/engines/setup.sh all
 
+if command -v npm >/dev/null; then
+    say "openai Node SDK (cached)"
+    bash tests/node/setup.sh >/dev/null
+fi
+
 say "lint"
 ruff check .
 ruff format --check .
