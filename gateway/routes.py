@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -74,7 +74,7 @@ class Endpoints:
 
     async def metrics(self, request: Request) -> Response:
         self._scraper.export_ages()
-        return Response(generate_latest(self._metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(self._metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     def routes(self, completions: list[CompletionEndpoint]) -> list[BaseRoute]:
         out: list[BaseRoute] = [Route(e.path, e, methods=["POST"]) for e in completions]
