@@ -216,20 +216,6 @@ class GatewayMetrics:
         self.scrape_age = Gauge(
             "gateway_backend_scrape_age_seconds", "Age of the last good load scrape.", ("pool", "backend"), registry=r
         )
-        # The same metrics for exposition(): the coarse ones in a registry of their own.
-        self._fine = [m for m in vars(self).values() if isinstance(m, FineHistogram)]
-        self._coarse = CollectorRegistry(auto_describe=True)
-        for m in list(vars(self).values()):
-            if isinstance(m, (Counter, Gauge, Histogram)) and not isinstance(m, FineHistogram):
-                self._coarse.register(m)
-        self._render_cache: dict[str, dict[tuple[str, ...], list[str]]] = {}
-
-    def exposition(self) -> bytes:
-        """The /metrics page: generate_latest for every metric but the fine histograms, which
-        render themselves (see FineHistogram.render); the same lines, in another order."""
-        fine = "".join(h.render(self._render_cache.setdefault(h._name, {})) for h in self._fine)
-        return generate_latest(self._coarse) + fine.encode()
-
         # Client keys.
         self.rate_limited = Counter(
             "gateway_rate_limited",
@@ -246,6 +232,19 @@ class GatewayMetrics:
         self.limiter_errors = Counter(
             "gateway_limiter_errors", "Calls to the rate-limit counter store that failed.", ("store",), registry=r
         )
+        # The same metrics for exposition(): the coarse ones in a registry of their own.
+        self._fine = [m for m in vars(self).values() if isinstance(m, FineHistogram)]
+        self._coarse = CollectorRegistry(auto_describe=True)
+        for m in list(vars(self).values()):
+            if isinstance(m, (Counter, Gauge, Histogram)) and not isinstance(m, FineHistogram):
+                self._coarse.register(m)
+        self._render_cache: dict[str, dict[tuple[str, ...], list[str]]] = {}
+
+    def exposition(self) -> bytes:
+        """The /metrics page: generate_latest for every metric but the fine histograms, which
+        render themselves (see FineHistogram.render); the same lines, in another order."""
+        fine = "".join(h.render(self._render_cache.setdefault(h._name, {})) for h in self._fine)
+        return generate_latest(self._coarse) + fine.encode()
 
     def child(self, metric: M, *labels: str) -> M:
         """metric.labels(*labels), memoised: labels() takes a lock and validates on every call, and
