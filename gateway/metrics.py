@@ -216,6 +216,22 @@ class GatewayMetrics:
         self.scrape_age = Gauge(
             "gateway_backend_scrape_age_seconds", "Age of the last good load scrape.", ("pool", "backend"), registry=r
         )
+        # Client keys.
+        self.rate_limited = Counter(
+            "gateway_rate_limited",
+            "Requests refused 429 by a client key's own limit (key: its config name).",
+            ("key", "limit"),
+            registry=r,
+        )
+        self.limiter_up = Gauge(
+            "gateway_limiter_backend_up",
+            "1 when the rate-limit counter store (memory or redis) answered its last call.",
+            ("store",),
+            registry=r,
+        )
+        self.limiter_errors = Counter(
+            "gateway_limiter_errors", "Calls to the rate-limit counter store that failed.", ("store",), registry=r
+        )
         # The same metrics for exposition(): the coarse ones in a registry of their own.
         self._fine = [m for m in vars(self).values() if isinstance(m, FineHistogram)]
         self._coarse = CollectorRegistry(auto_describe=True)

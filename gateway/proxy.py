@@ -12,7 +12,15 @@ from typing import Any
 
 import aiohttp
 
-from gateway.errors import EngineError, GatewayError, NoHealthyBackend, ShuttingDown, UpstreamError, UpstreamTimeout
+from gateway.errors import (
+    EngineError,
+    GatewayError,
+    NoHealthyBackend,
+    ShuttingDown,
+    UpstreamError,
+    UpstreamTimeout,
+    parse_retry_after,
+)
 from gateway.exchange import Exchange
 from gateway.lifecycle import Lifecycle
 from gateway.metrics import GatewayMetrics
@@ -164,12 +172,14 @@ class Proxy:
             resp.close()
         norm = backend.adapter.normalise_error(resp.status, raw)
         retry_after = _retry_after(resp.headers.get("retry-after"))
+        if retry_after is None and resp.status in (429, 503):
+            retry_after = 1  # absent, or absurd (inf, 1e999): the client still gets a sane one
         if resp.status == 503:
             # Overloaded or not ready: keep the status so the client backs off as the engine asked.
             return NoHealthyBackend(
                 f"Backend {backend.name} is unavailable (503).",
                 code="upstream_unavailable",
-                retry_after=retry_after if retry_after is not None else 1,
+                retry_after=retry_after,
             )
         return EngineError(
             norm.message, status=norm.status, type_=norm.type, code=norm.code, param=norm.param, retry_after=retry_after
@@ -352,12 +362,7 @@ def headers_for(base: dict[str, str], backend: Backend) -> dict[str, str]:
 
 
 def _retry_after(value: str | None) -> float | None:
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        return None
+    return parse_retry_after(value, time.time())
 
 
 def _first_event_error(error: dict[str, Any], backend: Backend) -> GatewayError:

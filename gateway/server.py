@@ -140,7 +140,7 @@ def uvicorn_config(
         host=host,
         port=port,
         loop="uvloop",
-        http=protocol_class(config.server.request_timeout_s),
+        http=protocol_class(config.server.request_timeout_s, config.limits.max_header_bytes, config.limits.max_headers),
         lifespan="on",
         access_log=False,
         log_level=log_level,

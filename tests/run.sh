@@ -24,6 +24,15 @@ fi
 # Debian's package may start its own server; the tests start their own, so stop that one.
 pkill -u prometheus -x prometheus 2>/dev/null || true
 
+if ! command -v redis-server >/dev/null; then
+    say "redis (Debian package: the tests start their own redis-server for the shared limits)"
+    if [ "$(id -u)" = 0 ]; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server >/dev/null
+    else
+        echo "not root: install Debian's redis-server package yourself, or the Redis tests are skipped"
+    fi
+fi
+
 say "real engines (cached)"
 bash tests/engines/setup.sh all
 
@@ -39,7 +48,7 @@ mypy
 
 say "overhead smoke (20 s: the gateway beside a 35-line proxy; fails only past 2x its CPU)"
 if ! command -v nginx >/dev/null || ! command -v wrk >/dev/null; then
-    [ "$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx wrk >/dev/null
+    { [ "$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx wrk >/dev/null; } || true
 fi
 if command -v nginx >/dev/null && command -v wrk >/dev/null; then
     bash benchmarks/overhead/run.sh --smoke
@@ -50,5 +59,6 @@ fi
 say "tests"
 export GATEWAY_REQUIRE_ENGINES=${GATEWAY_REQUIRE_ENGINES:-1}
 export GATEWAY_REQUIRE_PROMETHEUS=${GATEWAY_REQUIRE_PROMETHEUS:-1}
+export GATEWAY_REQUIRE_REDIS=${GATEWAY_REQUIRE_REDIS:-1}
 python3 -m pytest "$@"
 say "done"
