@@ -551,11 +551,12 @@ def main() -> int:
             return 1
         gw = summary["gateway"]
         checked = (("nonstream", "cpu_us_per_req"), ("fast", "cpu_us_per_event"))
-        worst = max(gw.get(f"{t}.{k}", {}).get("ratio", 0.0) for t, k in checked)
+        # The best round's ratio: noise moves a round either way, a real 2x shows in every round.
+        worst = max(gw.get(f"{t}.{k}", {}).get("ratio_min", 0.0) for t, k in checked)
         if worst > a.fail_ratio:
-            print(f"FAIL: the gateway costs {worst:.2f}x the floor's CPU (limit {a.fail_ratio}x)")
+            print(f"FAIL: the gateway costs {worst:.2f}x the floor's CPU in its best round (limit {a.fail_ratio}x)")
             return 1
-        print(f"ok: the gateway costs at most {worst:.2f}x the floor's CPU (fails past {a.fail_ratio}x)")
+        print(f"ok: the gateway costs {worst:.2f}x the floor's CPU in its best round (fails past {a.fail_ratio}x)")
     return 0
 
 
