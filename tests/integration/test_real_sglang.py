@@ -4,8 +4,8 @@ prompt, and prompt + max_tokens over the context, which SGLang rejects where vLL
 enforced before the engine; SGLang's load read from its /metrics; a client that leaves mid-stream
 frees the engine.
 
-OPT-IN: these run only with GATEWAY_SGLANG=1 (and `bash tests/engines/setup.sh sglang` done);
-otherwise the ``sglang_server`` fixture skips them, loudly (docs/testing.md, "The SGLang tier")."""
+Part of every run (``tests/run.sh`` installs SGLang); ``GATEWAY_SGLANG=0`` skips them for a quick local
+run, loudly, and fails them under CI=true (docs/testing.md, "The SGLang tier")."""
 
 from __future__ import annotations
 
