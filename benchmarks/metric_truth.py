@@ -4,7 +4,7 @@ client measured and with what the engine counted?
 The stack: a REAL vLLM (CPU build, the tiny generated model of tests/engines/setup.sh, one replica,
 max_num_seqs 16, max_model_len 4096), the gateway as its own process (`gateway serve`) in front of
 it, and a real Prometheus (Debian's binary) scraping the gateway every second with the deploy rules
-loaded. At each concurrency (1, 4, 16 by default) that many aiohttp clients send streamed chat
+loaded. At each concurrency (1, 4, 16, 32 by default) that many aiohttp clients send streamed chat
 completions one after another (~2,700-token prompts that share no prefix, `ignore_eos`,
 `max_tokens` 32, `stream_options.include_usage`) for `--duration` seconds (at most
 `--max-requests` each; a request already sent is finished). Between levels the engine goes idle
@@ -15,16 +15,21 @@ other CPUs: sharing cores with a decoding vLLM, they were descheduled for tens t
 milliseconds at a time, which lands in their timings (see isolate_engine).
 
 Per level it compares:
-  (a) TTFT and end-to-end time. The client measures from just before it sends the request to the
-      first chunk with content (TTFT) and to the end of the stream (e2e); the gateway from the
-      request's arrival to the first content chunk it receives from vLLM, and to its last byte
-      written. The client's clock therefore also holds the loopback and the HTTP client at both ends.
+  (a) TTFT, inter-token latency (ITL), end-to-end time and per-request tok/s. The client measures
+      from just before it sends the request to each chunk with content: the first is its TTFT, the
+      gaps between them its ITL, the end of the stream its e2e, and (completion tokens - 1) / (last
+      content chunk - first) its tok/s, as the gateway defines it. The gateway measures from the
+      request's arrival to the content chunks it receives from vLLM, and to its last byte written,
+      so the client's clock also holds the loopback and the HTTP client at both ends.
       - mean: Δ_sum / Δ_count of the gateway's histograms, read from Prometheus at two instants
         (exact: no interpolation, no extrapolation);
-      - median: histogram_quantile(0.5, sum by (le) (increase(..._bucket[level window]))), which is
-        bucketed and interpolated linearly inside a bucket (approximate by construction). The table
-        also shows the client's own values put through the same buckets and the same interpolation,
-        which separates the bucket error from any measurement error;
+      - p50 and p95 (and p10 for tok/s): the Grafana dashboard's own panel expression for that
+        histogram, with every route and pool selected and $__rate_interval = the level's window,
+        evaluated by Prometheus; against the client's median or nearest-rank quantile. Each row's
+        note gives the client's values put through the same buckets (bucket error vs measurement
+        error) and the client's neighbouring values (how finely the sample fixes the quantile);
+      - vLLM: the same means and quantiles from vLLM's own histograms (vllm:time_to_first_token_seconds,
+        vllm:inter_token_latency_seconds, vllm:e2e_request_latency_seconds), shown, not checked;
       - per request: the gateway's access log has each request's ttft and duration; matched by
         x-request-id, (client - gateway) is the loopback + HTTP client time, reported as is.
   (b) Tokens: Δ gateway_output_tokens_total (Prometheus) vs the client's summed usage vs vLLM's own
@@ -33,10 +38,10 @@ Per level it compares:
       with W = the client's wall time, vs the client's completion tokens / wall time; the raw
       samples in the window say where the two part.
 
-Targets: TTFT and e2e within 2 %, tokens equal, rate within 5 %. It prints one Markdown table per
+Targets: every mean and quantile within 2 %, tokens equal, rate within 5 %. It prints one Markdown table per
 concurrency and, with --json, writes every figure; the exit status is 1 when a target is missed.
 
-    python benchmarks/metric_truth.py                     # 1, 4, 16 clients, 20 s each
+    python benchmarks/metric_truth.py                     # 1, 4, 16, 32 clients, 20 s each
     python benchmarks/metric_truth.py --concurrency 1,4 --duration 10 --json /tmp/truth.json
 
 Needs the real vLLM (bash tests/engines/setup.sh vllm; GATEWAY_CI_CACHE selects the cache) and the
@@ -49,6 +54,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
+import itertools
 import json
 import math
 import os
@@ -74,7 +80,12 @@ from prometheus_client.parser import text_string_to_metric_families
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from gateway.metrics import _DURATION_BUCKETS, _TTFT_BUCKETS  # noqa: E402  (bucket bounds, for the client's side)
+from gateway.metrics import (  # noqa: E402  (bucket bounds, for the client's side)
+    _DURATION_BUCKETS,
+    _ITL_BUCKETS,
+    _TPS_BUCKETS,
+    _TTFT_BUCKETS,
+)
 
 
 def _load(name: str, path: Path) -> ModuleType:
@@ -121,6 +132,10 @@ def gateway_totals(metrics_url: str) -> dict[str, float]:
         "gateway_time_to_first_token_seconds_count",
         "gateway_request_duration_seconds_sum",
         "gateway_request_duration_seconds_count",
+        "gateway_inter_token_latency_seconds_sum",
+        "gateway_inter_token_latency_seconds_count",
+        "gateway_request_output_tokens_per_second_sum",
+        "gateway_request_output_tokens_per_second_count",
         "gateway_output_tokens_total",
         "gateway_prompt_tokens_total",
         "gateway_requests_total",
@@ -241,6 +256,8 @@ class ClientRequest:
     completion_tokens: int
     prompt_tokens: int
     ended_at: float  # unix time the stream ended
+    gaps: list[float] = field(default_factory=list)  # between consecutive chunks with content (ITL)
+    tps: float | None = None  # (completion tokens - 1) / (last content chunk - first), as the gateway
 
 
 @dataclass
@@ -283,6 +300,7 @@ async def _one(
     ttft = None
     usage: dict[str, Any] = {}
     buf = b""
+    content_at: list[float] = []
     t0 = time.perf_counter()
     async with session.post(url, data=body, headers=headers) as response:
         async for chunk in response.content.iter_any():
@@ -293,20 +311,26 @@ async def _one(
                 if not raw.startswith(b"data: {"):
                     continue
                 event = json.loads(raw[6:])
-                if ttft is None and _content(event):
-                    ttft = now - t0
+                if _content(event):
+                    content_at.append(now)
+                    if ttft is None:
+                        ttft = now - t0
                 if event.get("usage"):
                     usage = event["usage"]
         status = response.status
     e2e = time.perf_counter() - t0
+    completion = int(usage.get("completion_tokens") or 0)
+    decode = content_at[-1] - content_at[0] if content_at else 0.0
     return ClientRequest(
         request_id,
         status,
         ttft,
         e2e,
-        int(usage.get("completion_tokens") or 0),
+        completion,
         int(usage.get("prompt_tokens") or 0),
         time.time(),
+        [b - a for a, b in itertools.pairwise(content_at)],
+        (completion - 1) / decode if completion > 1 and decode > 0 else None,
     )
 
 
@@ -397,6 +421,76 @@ def histogram_quantile(q: float, bounds: Sequence[float], values: Sequence[float
     return bounds[-1]
 
 
+def sample_quantile(q: float, values: Sequence[float]) -> float:
+    """The client's exact q-quantile: the median, or else the nearest-rank value (the ceil(q*n)-th
+    smallest). histogram_quantile estimates the value at rank q*n, which is that one as buckets
+    narrow; an interpolating definition (numpy's default, rank q*(n-1)+1) differs from it by a
+    whole gap between two of the sample's values where the tail is sparse."""
+    xs = sorted(values)
+    if q == 0.5:
+        return statistics.median(xs)
+    return xs[max(0, math.ceil(q * len(xs)) - 1)]
+
+
+def _resolution(q: float, values: Sequence[float], unit: str) -> str:
+    """How finely the client's own sample fixes its q-quantile: the values either side of rank q*n."""
+    xs = sorted(values)
+    k = max(0, math.ceil(q * len(xs)) - 1)
+    lo, hi = xs[max(0, k - 1)], xs[min(len(xs) - 1, k + 1)]
+    return (
+        f"Of the client's {len(xs)} values, the ones either side of p{q * 100:.0f} are {_num(lo, unit)} and "
+        f"{_num(hi, unit)} ({_pct((hi - lo) / lo) if lo else 'n/a'} apart)"
+    )
+
+
+def scraped_quantile(q: float, family: str, before: dict[str, float], after: dict[str, float]) -> float:
+    """histogram_quantile over the increase of a scraped histogram (all its series summed): what
+    Prometheus would compute from vLLM's own buckets over the level."""
+    prefix = f"{family}_bucket{{le="
+    keys = sorted((float(k[len(prefix) : -1]), k) for k in after if k.startswith(prefix))
+    if not keys:
+        return math.nan
+    les = [b for b, _ in keys]
+    cum = [after[k] - before.get(k, 0.0) for _, k in keys]
+    total = cum[-1]
+    rank = q * total
+    for i, c in enumerate(cum):
+        if c >= rank and total > 0:
+            if math.isinf(les[i]):
+                return les[i - 1]
+            lower, below = (les[i - 1], cum[i - 1]) if i > 0 else (0.0, 0.0)
+            return lower + (les[i] - lower) * (rank - below) / (c - below) if c > below else les[i]
+    return math.nan
+
+
+DASHBOARD = REPO / "deploy" / "grafana" / "dashboards" / "gateway.json"
+
+# what -> (the gateway's histogram, its bucket bounds, the quantiles compared). tok/s also shows
+# p10, the slow tail the dashboard draws for it.
+FAMILIES: dict[str, tuple[str, Sequence[float], tuple[float, ...]]] = {
+    "TTFT": ("gateway_time_to_first_token_seconds", _TTFT_BUCKETS, (0.5, 0.95)),
+    "ITL": ("gateway_inter_token_latency_seconds", _ITL_BUCKETS, (0.5, 0.95)),
+    "e2e": ("gateway_request_duration_seconds", _DURATION_BUCKETS, (0.5, 0.95)),
+    "per-request tok/s": ("gateway_request_output_tokens_per_second", _TPS_BUCKETS, (0.1, 0.5, 0.95)),
+}
+# The engine's own histograms of the same quantities (vLLM v1 names).
+VLLM_FAMILIES = {
+    "TTFT": "vllm:time_to_first_token_seconds",
+    "ITL": "vllm:inter_token_latency_seconds",
+    "e2e": "vllm:e2e_request_latency_seconds",
+}
+
+
+def dashboard_quantile(family: str, q: float, window: str) -> str:
+    """The Grafana dashboard's own quantile query for `family`, as Grafana sends it with every route
+    selected and `$__rate_interval` = `window`, at quantile `q`."""
+    for e in prometheus_server.sources.dashboard_exprs(DASHBOARD):
+        if e.expr.startswith("histogram_quantile(") and f"({family}_bucket" in e.expr:
+            expr = prometheus_server.substitute(e.expr, window)
+            return re.sub(r"^histogram_quantile\(\s*[0-9.]+\s*,", f"histogram_quantile({q},", expr)
+    raise LookupError(f"no dashboard quantile panel for {family}")
+
+
 # ---- one level ----------------------------------------------------------------------------------
 
 
@@ -408,6 +502,7 @@ class Row:
     vllm: float | None
     target: float | None  # relative, gateway vs client (and vs vLLM for tokens)
     note: str = ""
+    vllm_target: bool = True  # False: the vLLM figure is shown for comparison, not checked
 
     @property
     def diff(self) -> float:
@@ -418,7 +513,7 @@ class Row:
         if self.target is None:
             return None
         ok = abs(self.diff) <= self.target
-        if self.vllm is not None:
+        if self.vllm is not None and self.vllm_target and not math.isnan(self.vllm):
             ok = ok and abs(self.gateway - self.vllm) <= self.target * self.vllm
         return ok
 
@@ -446,13 +541,13 @@ def _num(x: float | None, unit: str) -> str:
     if math.isnan(x):
         return "NaN"
     if unit == "s":
-        return f"{x * 1000:.1f} ms"
+        return f"{x * 1000:.2f} ms"
     if unit == "tok/s":
         return f"{x:.1f}"
     return f"{x:.0f}"
 
 
-UNITS = {"TTFT": "s", "e2e": "s", "tokens": "", "tok/s": "tok/s"}
+UNITS = {"TTFT": "s", "e2e": "s", "ITL": "s", "tokens": "", "tok/s": "tok/s"}
 
 
 def _unit(quantity: str) -> str:
@@ -515,16 +610,19 @@ def run_level(
     wait_engine_idle(vllm.metrics_url)
     time.sleep(settle_s)  # Prometheus scrapes the idle state at least twice
     t_before = time.time()
-    gw0, vl0 = gateway_totals(gw.metrics_url), vllm_totals(vllm.metrics_url)
+    gw0, vl0, vh0 = gateway_totals(gw.metrics_url), vllm_totals(vllm.metrics_url), scrape(vllm.metrics_url)
     run = asyncio.run(run_clients(gw.url, concurrency, duration, max_requests, max_tokens, prompt_words))
     wait_engine_idle(vllm.metrics_url)
     time.sleep(settle_s)  # and the state after the last request
     t_after = time.time()
-    gw1, vl1 = gateway_totals(gw.metrics_url), vllm_totals(vllm.metrics_url)
+    gw1, vl1, vh1 = gateway_totals(gw.metrics_url), vllm_totals(vllm.metrics_url), scrape(vllm.metrics_url)
 
     ok = [r for r in run.requests if r.status == 200 and r.ttft is not None]
     ttfts = [r.ttft for r in ok if r.ttft is not None]
     e2es = [r.e2e for r in ok]
+    gaps = [g for r in ok for g in r.gaps]
+    tpss = [r.tps for r in ok if r.tps is not None]
+    client_values = {"TTFT": ttfts, "ITL": gaps, "e2e": e2es, "per-request tok/s": tpss}
     c_out = sum(r.completion_tokens for r in run.requests)
     c_prompt = sum(r.prompt_tokens for r in run.requests)
 
@@ -540,11 +638,6 @@ def run_level(
 
         window = f"{math.ceil((t_after - t_before) * 1000)}ms"
 
-        def pmedian(family: str) -> float:
-            return prom_value(
-                prom, f"histogram_quantile(0.5, sum by (le) (increase({family}_bucket[{window}])))", t_after
-            )
-
         ttft_sum = pdelta("sum(gateway_time_to_first_token_seconds_sum)")
         ttft_count = pdelta("sum(gateway_time_to_first_token_seconds_count)")
         e2e_sum = pdelta("sum(gateway_request_duration_seconds_sum)")
@@ -556,8 +649,15 @@ def run_level(
             f"gateway: sum(rate(gateway_output_tokens_total[{run.wall:.1f}s])) at the client's end time; "
             f"client: its completion tokens / wall time. {_rate_diagnosis(prom, run)}"
         )
-        ttft_p50 = pmedian("gateway_time_to_first_token_seconds")
-        e2e_p50 = pmedian("gateway_request_duration_seconds")
+        quantiles = {
+            (what, q): prom_value(prom, dashboard_quantile(family, q, window), t_after)
+            for what, (family, _bounds, qs) in FAMILIES.items()
+            for q in qs
+        }
+        means = {
+            what: pdelta(f"sum({family}_sum)") / pdelta(f"sum({family}_count)")
+            for what, (family, _bounds, _qs) in FAMILIES.items()
+        }
         checks["Prometheus Δ = the gateway's own /metrics Δ"] = (
             math.isclose(ttft_sum, delta("gateway_time_to_first_token_seconds_sum"), rel_tol=1e-9)
             and math.isclose(e2e_sum, delta("gateway_request_duration_seconds_sum"), rel_tol=1e-9)
@@ -575,7 +675,10 @@ def run_level(
         )
         out, prompt = delta("gateway_output_tokens_total"), delta("gateway_prompt_tokens_total")
         rate = out / run.wall
-        ttft_p50 = e2e_p50 = math.nan
+        quantiles = {}
+        means = {
+            what: delta(f"{family}_sum") / delta(f"{family}_count") for what, (family, _bounds, _qs) in FAMILIES.items()
+        }
         rate_note = "gateway: Δgateway_output_tokens_total / the client's wall time"
     checks[f"every request counted once ({len(run.requests)})"] = (
         ttft_count == len(ttfts)
@@ -583,37 +686,41 @@ def run_level(
         and delta("gateway_requests_total") == len(run.requests)
     )
 
-    rows.append(Row("TTFT mean (Δsum/Δcount)", statistics.fmean(ttfts), ttft_sum / ttft_count, None, TARGET_LATENCY))
-    rows.append(Row("e2e mean (Δsum/Δcount)", statistics.fmean(e2es), e2e_sum / e2e_count, None, TARGET_LATENCY))
-    if not math.isnan(ttft_p50):
-        for what, bounds, values, p50 in (
-            ("TTFT", _TTFT_BUCKETS, ttfts, ttft_p50),
-            ("e2e", _DURATION_BUCKETS, e2es, e2e_p50),
-        ):
-            median = statistics.median(values)
-            rows.append(
-                Row(
-                    f"{what} median (histogram_quantile, bucketed)",
-                    median,
-                    p50,
-                    None,
-                    TARGET_LATENCY,
-                    note=f"the true median lies in bucket {_bucket(bounds, median)}; histogram_quantile "
-                    "interpolates linearly inside it",
-                )
-            )
-            rows.append(
-                Row(
-                    f"{what} median, the client's values through the same buckets",
-                    histogram_quantile(0.5, bounds, values),
-                    p50,
-                    None,
-                    TARGET_LATENCY,
-                )
-            )
-
     def vdelta(name: str) -> float:
         return vl1[name] - vl0[name]
+
+    for what, (_family, bounds, qs) in FAMILIES.items():
+        values = client_values[what]
+        engine = VLLM_FAMILIES.get(what)
+        engine_mean = engine_quantiles = None
+        if engine is not None and vh1.get(f"{engine}_count", 0.0) > vh0.get(f"{engine}_count", 0.0):
+            engine_mean = (vh1[f"{engine}_sum"] - vh0[f"{engine}_sum"]) / (
+                vh1[f"{engine}_count"] - vh0[f"{engine}_count"]
+            )
+            engine_quantiles = {q: scraped_quantile(q, engine, vh0, vh1) for q in qs}
+        label = "TTFT mean (Δsum/Δcount)" if what == "TTFT" else f"{what} mean (Δsum/Δcount)"
+        if not values:
+            continue
+        rows.append(Row(label, statistics.fmean(values), means[what], engine_mean, TARGET_LATENCY, vllm_target=False))
+        for q in qs:
+            gateway_q = quantiles.get((what, q), math.nan)
+            if math.isnan(gateway_q):
+                continue
+            client_q = sample_quantile(q, values)
+            through = histogram_quantile(q, bounds, values)
+            rows.append(
+                Row(
+                    f"{what} p{q * 100:.0f} (dashboard's histogram_quantile)",
+                    client_q,
+                    gateway_q,
+                    engine_quantiles[q] if engine_quantiles else None,
+                    TARGET_LATENCY,
+                    note=f"the client's own values through the gateway's buckets give {_num(through, _unit(what))} "
+                    f"({_pct((gateway_q - through) / through)} from the gateway's): the rest is measurement. "
+                    + _resolution(q, values, _unit(what)),
+                    vllm_target=False,
+                )
+            )
 
     rows.append(Row("output tokens", c_out, out, vdelta("vllm:generation_tokens_total"), TARGET_TOKENS))
     rows.append(Row("prompt tokens", c_prompt, prompt, vdelta("vllm:prompt_tokens_total"), TARGET_TOKENS))
@@ -678,15 +785,6 @@ def _rate_diagnosis(prom: Any, run: ClientRun) -> str:
         "moves when a request ends, by its whole usage, so answers that end together just after the last "
         "scrape are what rate() misses and tokens / wall time counts"
     )
-
-
-def _bucket(bounds: Sequence[float], value: float) -> str:
-    lower = 0.0
-    for b in bounds:
-        if value <= b:
-            return f"({lower * 1000:g} ms, {b * 1000:g} ms]"
-        lower = b
-    return f"({lower:g} s, +Inf)"
 
 
 # ---- the whole benchmark ------------------------------------------------------------------------
@@ -770,7 +868,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--concurrency", default="1,4,16", help="comma-separated levels (default 1,4,16)")
+    parser.add_argument("--concurrency", default="1,4,16,32", help="comma-separated levels (default 1,4,16,32)")
     parser.add_argument("--duration", type=float, default=20.0, help="seconds of load per level (default 20)")
     parser.add_argument("--max-requests", type=int, default=500, help="most requests per client and level")
     parser.add_argument("--max-tokens", type=int, default=32)

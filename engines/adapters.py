@@ -8,7 +8,7 @@ from types import MappingProxyType
 
 from engines import llamacpp, openai, sglang, vllm
 from engines.base import EngineAdapter, LaunchSpec
-from engines.openai import MessagesTokenizer, PromptTokenizer, TableAdapter, cap_flag
+from engines.openai import MessagesTokenizer, PromptTokenizer, TableAdapter, cap_flag, name_flag
 from engines.promtext import LoadTable, Ratio
 
 
@@ -49,7 +49,7 @@ TRTLLM = TableAdapter(
 
 def _lmdeploy_launch(spec: LaunchSpec) -> list[str]:
     return [
-        "lmdeploy", "serve", "api_server", spec.model,
+        "lmdeploy", "serve", "api_server", spec.model, *name_flag("--model-name", spec.served_name),
         "--server-name", spec.host, "--server-port", str(spec.port),
         *cap_flag("--session-len", spec.max_context_tokens),
         "--max-batch-size", str(spec.parallel),

@@ -40,6 +40,8 @@ class LaunchSpec:
     max_context_tokens: int | None
     parallel: int = 4
     extra: Mapping[str, Any] = field(default_factory=dict)
+    served_name: str | None = None
+    """The name the engine should answer to (the backend's `model:`), when it is not the model path."""
 
 
 @dataclass(frozen=True, slots=True)

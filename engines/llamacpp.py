@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engines.base import LaunchSpec, TokenizeCall
-from engines.openai import Messages, TableAdapter
+from engines.openai import Messages, TableAdapter, name_flag
 from engines.promtext import LoadTable, Ratio
 
 LOAD = LoadTable(
@@ -48,7 +48,8 @@ class LlamaCppTokenizer:
 
 def launch(spec: LaunchSpec) -> list[str]:
     parallel = max(1, spec.parallel)
-    argv = ["llama-server", "-m", spec.model, "--host", spec.host, "--port", str(spec.port)]
+    argv = ["llama-server", "-m", spec.model, *name_flag("--alias", spec.served_name)]
+    argv += ["--host", spec.host, "--port", str(spec.port)]
     if spec.max_context_tokens is not None:
         # -c is the whole KV cache, split evenly across the --parallel slots: each slot gets c/parallel.
         argv += ["-c", str(spec.max_context_tokens * parallel)]

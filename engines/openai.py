@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from engines.base import EngineLoad, LaunchSpec, NormalisedError, TokenizeCall
+from engines.context_error import in_openai_words
 from engines.promtext import LoadTable
 
 Messages = Sequence[Mapping[str, Any]] | None
@@ -101,7 +102,7 @@ def normalise_error(status: int, body: bytes, client_faults: tuple[str, ...] = (
         or any(phrase in lower for phrase in CONTEXT_PHRASES)
     ):
         # Whatever status the engine used (llama.cpp builds differ: 400 or 500), it's the client's.
-        message = message or "the prompt is longer than the model's context window"
+        message = in_openai_words(message) if message else "the prompt is longer than the model's context window"
         return NormalisedError(400, message, "invalid_request_error", "context_length_exceeded", param)
     if 400 <= status < 500:
         if status in (401, 403):
@@ -188,6 +189,11 @@ NO_LOAD = LoadTable()
 def no_launch(spec: LaunchSpec) -> list[str]:
     """Nothing to launch (an external service, or the built-in simulator): `gateway plan` says so."""
     return []
+
+
+def name_flag(flag: str, name: str | None) -> list[str]:
+    """The engine's served-name flag and the name, or nothing when the model path is the name."""
+    return [] if name is None else [flag, name]
 
 
 def cap_flag(flag: str, value: int | None) -> list[str]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from engines.base import LaunchSpec
-from engines.openai import MessagesTokenizer, TableAdapter, cap_flag
+from engines.openai import MessagesTokenizer, TableAdapter, cap_flag, name_flag
 from engines.promtext import LoadTable, Ratio
 
 # Releases differ: "sglang:" like vLLM, or "sglang_" (the plain Prometheus style).
@@ -33,6 +33,7 @@ TOKENIZER = MessagesTokenizer()
 def launch(spec: LaunchSpec) -> list[str]:
     return [
         "python", "-m", "sglang.launch_server", "--model-path", spec.model,
+        *name_flag("--served-model-name", spec.served_name),
         "--host", spec.host, "--port", str(spec.port),
         *cap_flag("--context-length", spec.max_context_tokens),
         "--enable-metrics",  # without it there is no /metrics, so no load signals

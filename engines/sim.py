@@ -288,8 +288,10 @@ class SimServer:
             await self.api.send_json(conn, none, *self.api.flavour.not_found())
 
 
-async def run_sim(params: SimParams, host: str, port: int) -> None:
-    """Serve until cancelled (``gateway sim``)."""
+async def run_sim(params: SimParams, host: str, port: int, banner: str = "") -> None:
+    """Serve until cancelled (``gateway sim``); print ``banner`` once listening."""
     async with SimServer(params, host, port) as server:
+        if banner:
+            print(banner, flush=True)
         logger.info("sim (%s flavour, model %s) listening on %s", params.flavour, params.model, server.base_url)
         await asyncio.Event().wait()

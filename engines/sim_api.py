@@ -14,7 +14,7 @@ from engines.sim_flavour_vllm import VllmFlavour
 from engines.sim_flavours import JsonObj, Reply, SglangFlavour
 from engines.sim_http import ClientGone, HttpConn, HttpRequest, reason_phrase
 from engines.sim_metrics import exposition
-from engines.sim_text import count_tokens, embedding, render_chat
+from engines.sim_text import count_tokens, embedding, embedding_base64, render_chat
 
 Handler = Callable[[HttpConn, HttpRequest, Fault], Awaitable[None]]
 # Paths a gateway polls on its own (health checks, scrapes, discovery): not counted, not recorded, and the
@@ -173,9 +173,16 @@ class SimApi:
         if not isinstance(items, list) or not items or not all(_embeddable(x) for x in items):
             await self.send_error(conn, fault, 400, '"input" must be a string, strings, or token ids')
             return
+        # As vLLM: "float" (the default) or "base64", float32 bytes in base64 (vLLM's default dtype; it
+        # writes the host's byte order, little-endian on every machine it runs on, as OpenAI does).
+        encoding = body.get("encoding_format", "float")
+        if encoding not in ("float", "base64"):
+            await self.send_error(conn, fault, 400, '"encoding_format" must be "float" or "base64" (simulator)')
+            return
         texts = [x if isinstance(x, str) else json.dumps(x) for x in items]
         tokens = sum(len(x) if isinstance(x, list) else count_tokens(str(x)) for x in items)
-        data = [{"object": "embedding", "embedding": embedding(t), "index": i} for i, t in enumerate(texts)]
+        encode = embedding_base64 if encoding == "base64" else embedding
+        data = [{"object": "embedding", "embedding": encode(t), "index": i} for i, t in enumerate(texts)]
         await self.send_json(
             conn,
             fault,

@@ -6,10 +6,12 @@ Rule: ``<|im_start|>`` and ``<|im_end|>`` are one token each; every other run of
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import math
 import re
+import struct
 import zlib
 from collections.abc import Sequence
 from typing import Any
@@ -97,6 +99,12 @@ def filler_token(index: int, accented: bool = False) -> str:
 
 def filler_text(count: int, accented: bool = False) -> str:
     return "".join(filler_token(i, accented) for i in range(count))
+
+
+def embedding_base64(text: str) -> str:
+    """The same vector as OpenAI's `encoding_format: "base64"` sends it: little-endian float32, base64."""
+    vector = embedding(text)
+    return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
 
 
 def embedding(text: str) -> list[float]:

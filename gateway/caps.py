@@ -8,7 +8,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from engines.context_error import context_message
 from gateway.config import CapsConfig
+
+ROUTE_CAP = " (The limit is this gateway route's context cap.)"
+"""Appended to the gateway's own context errors, so that an operator can tell them from an engine's."""
 
 # Tokens a chat template adds around each message (role markers, separators) and once per prompt.
 # Learned ratios absorb the rest; these keep short prompts from being underestimated.
@@ -174,11 +178,7 @@ def decide(caps: CapsConfig, prompt_tokens: int, requested: int | None) -> CapDe
     if cap is not None and prompt_tokens >= cap:
         return CapDecision(
             "reject",
-            message=(
-                f"This request's prompt is {prompt_tokens} tokens, which leaves no room for output "
-                f"within the route's context cap of {cap} tokens (requested output: "
-                f"{requested if requested is not None else 'not set'})."
-            ),
+            message=context_message(cap, prompt_tokens, requested) + ROUTE_CAP,
         )
     room = cap - prompt_tokens if cap is not None else None
     if requested is None:

@@ -1,15 +1,18 @@
-"""argv -> subcommands: serve, check, plan, kv, explain, sim, demo. The only module that reads argv."""
+"""argv -> subcommands: serve, check, plan, kv, explain, sim, demo, bench. The only module that reads argv."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from pathlib import Path
+from typing import Any
 
 from gateway import kvcommand
+from gateway.bench import command as bench_command
 from gateway.config import ConfigError, GatewayConfig, load_config
 
 DEFAULT_CONFIG = "gateway.yaml"
@@ -25,8 +28,27 @@ def _load(path: str) -> GatewayConfig | None:
         return None
 
 
+def _serving(main: Coroutine[Any, Any, None], port: int) -> int:
+    """Run a serving command to its end: Ctrl-C (once or twice) is a normal stop, and a port that
+    cannot be bound is one line on stderr and exit 1, never a traceback."""
+    from gateway.server import ListenError, port_in_use, run
+
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            run(main)
+    except ListenError as exc:
+        print(f"gateway: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # the simulator binds with asyncio.start_server
+        if exc.errno != errno.EADDRINUSE:
+            raise
+        print(f"gateway: {port_in_use(port)}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
-    from gateway.server import configure_logging, run, serve
+    from gateway.server import configure_logging, serve
 
     config = _load(args.config)
     if config is None:
@@ -34,8 +56,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
     host = args.host or config.server.host
     port = config.server.port if args.port is None else args.port
-    run(serve(config, host, port, log_level=args.log_level, config_path=args.config))
-    return 0
+    return _serving(serve(config, host, port, log_level=args.log_level, config_path=args.config), port)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -70,7 +91,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 def cmd_sim(args: argparse.Namespace) -> int:
     from engines.sim import SimParams, run_sim
-    from gateway.server import configure_logging, run
+    from gateway.server import configure_logging
 
     configure_logging(args.log_level)
     overrides = {"flavour": args.flavour, "model": args.model}
@@ -79,24 +100,19 @@ def cmd_sim(args: argparse.Namespace) -> int:
     if args.fault:
         overrides["fault"] = args.fault
     params = SimParams.preset(args.preset, **overrides)
-    print(
+    banner = (
         f"simulated {args.flavour} engine (a simulator, not a real engine) on "
-        f"http://{args.host}:{args.port}, model {args.model!r}, preset {args.preset!r}",
-        flush=True,
+        f"http://{args.host}:{args.port}, model {args.model!r}, preset {args.preset!r}"
     )
-    with contextlib.suppress(KeyboardInterrupt):
-        run(run_sim(params, args.host, args.port))
-    return 0
+    return _serving(run_sim(params, args.host, args.port, banner), args.port)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from gateway.demo import run_demo
-    from gateway.server import configure_logging, run
+    from gateway.server import configure_logging
 
     configure_logging(args.log_level)
-    with contextlib.suppress(KeyboardInterrupt):
-        run(run_demo(args.host, args.port, log_level=args.log_level))
-    return 0
+    return _serving(run_demo(args.host, args.port, log_level=args.log_level), args.port)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -147,6 +163,10 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--port", type=int, default=4000)
     d.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     d.set_defaults(func=cmd_demo)
+
+    b = sub.add_parser("bench", help="measure per-request speed and aggregate throughput, level by level")
+    bench_command.add_arguments(b)
+    b.set_defaults(func=bench_command.run)
     return p
 
 

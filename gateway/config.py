@@ -3,12 +3,14 @@ and errors that name the YAML path. A leaf module: it imports nothing else from 
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import os
 import re
+import types
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
@@ -32,19 +34,74 @@ class ServerConfig(_Model):
     request_timeout_s: Annotated[float, Field(ge=0)] = 30.0
     """Time a client has to send a whole request, headers and body (slowloris); 0 disables."""
     api_keys: tuple[SecretStr, ...] = ()
-    """Client keys accepted as `Authorization: Bearer ...`; an empty list means no client auth."""
+    """Client keys accepted as `Authorization: Bearer ...`, each the key itself or `sha256:<hex>`
+    of it; an empty list (and no `keys:`) means no client auth."""
 
     @model_validator(mode="after")
     def _no_empty_keys(self) -> ServerConfig:
         # An unset ${KEY:-} must not silently turn client auth off (or lock every client out).
         if any(not k.get_secret_value().strip() for k in self.api_keys):
             raise ValueError("api_keys: a key is empty (is its environment variable set?)")
+        for k in self.api_keys:
+            _check_hashed(k.get_secret_value(), "api_keys")
+        return self
+
+
+_SHA256 = re.compile(r"^sha256:[0-9a-fA-F]{64}$")
+
+
+def _check_hashed(key: str, where: str) -> None:
+    if key.startswith("sha256:") and not _SHA256.match(key):
+        raise ValueError(f"{where}: a `sha256:` key must be followed by 64 hex digits")
+
+
+class ClientKeyConfig(_Model):
+    name: Annotated[str, Field(pattern=_NAME_PATTERN, max_length=64)]
+    """Names the key in gateway_rate_limited_total and its Redis counters; never the key itself."""
+    key: SecretStr
+    """The key itself (e.g. `${TEAM_A_KEY}`), or `sha256:<64 hex digits>` of it."""
+    models: tuple[str, ...] = ()
+    """Model names or globs this key may use; empty means every model."""
+    requests_per_minute: Annotated[int, Field(ge=1)] | None = None
+    tokens_per_minute: Annotated[int, Field(ge=1)] | None = None
+    """Prompt plus completion tokens, counted when each request ends."""
+
+    @model_validator(mode="after")
+    def _check_key(self) -> ClientKeyConfig:
+        if not self.key.get_secret_value().strip():
+            raise ValueError("key is empty (is its environment variable set?)")
+        _check_hashed(self.key.get_secret_value(), "key")
+        return self
+
+
+class RedisConfig(_Model):
+    url: SecretStr
+    """Where the per-key limit counters live, shared by every replica: `redis://host:6379/0`.
+    Secret, as it may hold a password."""
+    fail_open: bool = True
+    """When Redis cannot be reached: true serves the request unlimited, false answers 503."""
+    timeout_s: Annotated[float, Field(gt=0)] = 0.25
+    """Longest wait for one Redis call before it counts as unreachable."""
+    key_prefix: str = "gateway:rl:"
+
+    @model_validator(mode="after")
+    def _check_url(self) -> RedisConfig:
+        if not re.match(r"^(redis|rediss|unix)://\S+$", self.url.get_secret_value()):
+            raise ValueError("url must be redis://, rediss:// or unix://")
         return self
 
 
 class LimitsConfig(_Model):
+    max_header_bytes: Annotated[int, Field(ge=1024)] = 64 * 1024
+    """The request line and headers together; past it the client gets 431 and the connection closes."""
+    max_headers: Annotated[int, Field(ge=8)] = 100
+    """Header fields in one request; past it, 431."""
     max_body_bytes: Annotated[int, Field(ge=1024)] = 10 * 1024 * 1024
     max_json_depth: Annotated[int, Field(ge=2, le=10_000)] = 64
+    max_json_nodes: Annotated[int, Field(ge=1000)] = 1_000_000
+    """Values in the body's JSON (every scalar, object and array); counted before parsing."""
+    max_json_containers: Annotated[int, Field(ge=100)] = 100_000
+    """Objects and arrays in the body's JSON; counted before parsing."""
     max_n: Annotated[int, Field(ge=1)] = 8
     max_messages: Annotated[int, Field(ge=1)] = 10_000
     queue_timeout_s: Annotated[float, Field(ge=0)] = 30.0
@@ -182,6 +239,8 @@ class GatewayConfig(_Model):
     retry: RetryConfig = RetryConfig()
     health: HealthConfig = HealthConfig()
     routing: RoutingConfig = RoutingConfig()
+    keys: tuple[ClientKeyConfig, ...] = ()
+    redis: RedisConfig | None = None
     pools: Mapping[Annotated[str, Field(pattern=_NAME_PATTERN)], PoolConfig]
     routes: Annotated[tuple[RouteConfig, ...], Field(min_length=1)]
 
@@ -202,6 +261,9 @@ class GatewayConfig(_Model):
                 if name in seen:
                     problems.append(f"pools.{pool_name}.backends.{j}.name: duplicate backend name {name!r}")
                 seen.add(name)
+        names = [k.name for k in self.keys]
+        for name in {x for x in names if names.count(x) > 1}:
+            problems.append(f"keys: duplicate key name {name!r}")
         labels = [r.label for r in self.routes]
         for label in {x for x in labels if labels.count(x) > 1}:
             problems.append(f"routes: duplicate route name {label!r}")
@@ -259,12 +321,85 @@ def parse_config(data: Any, env: Mapping[str, str] | None = None) -> GatewayConf
     try:
         return GatewayConfig.model_validate(data)
     except ValidationError as exc:
-        problems = []
-        for err in exc.errors():
-            loc = ".".join(str(p) for p in err["loc"]) or "<root>"
-            msg = err["msg"].removeprefix("Value error, ")
-            problems.append(f"{loc}: {msg}")
-        raise ConfigError(problems) from None
+        raise ConfigError(_problems(exc)) from None
+
+
+def _problems(exc: ValidationError) -> list[str]:
+    """One line per mistake the user made, with its YAML path and, where a name was mistyped, a
+    suggestion. Pydantic also reports a list as too short when its only items were invalid; that
+    error follows from the others, so it is dropped."""
+    errors = exc.errors()
+    locs = [tuple(err["loc"]) for err in errors]
+    # A misspelt required key is one mistake, not two: "unknown key 'backend'; did you mean
+    # 'backends'?" says it all, so the "backends: Field required" it causes is dropped.
+    meant = {
+        (*loc[:-1], _suggest(str(loc[-1]), _model_at(loc[:-1])))
+        for err, loc in zip(errors, locs, strict=True)
+        if err["type"] == "extra_forbidden" and loc
+    }
+    problems = []
+    for err, loc in zip(errors, locs, strict=True):
+        if err["type"] == "too_short" and any(len(o) > len(loc) and o[: len(loc)] == loc for o in locs):
+            continue
+        if err["type"] == "missing" and loc in meant:
+            continue
+        path = ".".join(str(p) for p in loc) or "<root>"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden" and loc:
+            msg = _unknown_key(str(loc[-1]), _model_at(loc[:-1]))
+        elif err["type"] == "literal_error" and isinstance(err.get("input"), str):
+            allowed = re.findall(r"'([^']*)'", str((err.get("ctx") or {}).get("expected", "")))
+            msg += _did_you_mean(err["input"], allowed)
+        problems.append(f"{path}: {msg}")
+    return problems
+
+
+def _unknown_key(key: str, model: type[BaseModel] | None) -> str:
+    if model is None:
+        return f"unknown key {key!r}"
+    known = list(model.model_fields)
+    return f"unknown key {key!r}" + (_did_you_mean(key, known) or f" (known keys: {', '.join(known)})")
+
+
+def _suggest(key: str, model: type[BaseModel] | None) -> str:
+    close = difflib.get_close_matches(key, list(model.model_fields), n=1, cutoff=0.6) if model else []
+    return close[0] if close else ""
+
+
+def _did_you_mean(word: str, choices: list[str]) -> str:
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _model_at(loc: tuple[int | str, ...]) -> type[BaseModel] | None:
+    """The config model found at a YAML path (list indices and mapping keys step into items)."""
+    tp: Any = GatewayConfig
+    for part in loc:
+        tp = _unwrap(tp)
+        if isinstance(tp, type) and issubclass(tp, BaseModel):
+            field = tp.model_fields.get(str(part))
+            if field is None:
+                return None
+            tp = field.annotation
+        elif get_origin(tp) in (tuple, Mapping, dict, list):
+            args = get_args(tp)
+            tp = args[-1] if get_origin(tp) in (Mapping, dict) else args[0]
+        else:
+            return None
+    tp = _unwrap(tp)
+    return tp if isinstance(tp, type) and issubclass(tp, BaseModel) else None
+
+
+def _unwrap(tp: Any) -> Any:
+    """Annotated[X, ...] -> X; X | None -> X."""
+    while True:
+        origin = get_origin(tp)
+        if origin is Annotated:
+            tp = get_args(tp)[0]
+        elif origin in (Union, types.UnionType):
+            tp = next(a for a in get_args(tp) if a is not type(None))
+        else:
+            return tp
 
 
 def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> GatewayConfig:
@@ -275,5 +410,14 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Gatew
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError([f"{path}: invalid YAML: {exc}"]) from None
+        raise ConfigError([_yaml_problem(str(path), exc)]) from None
     return parse_config(data, env)
+
+
+def _yaml_problem(path: str, exc: yaml.YAMLError) -> str:
+    """`FILE, line L, column C: invalid YAML: what`, not PyYAML's "<unicode string>" text."""
+    mark = getattr(exc, "problem_mark", None)
+    if not isinstance(exc, yaml.MarkedYAMLError) or mark is None:
+        return f"{path}: invalid YAML: {exc}"
+    what = ", ".join(x for x in (exc.context, exc.problem) if x)
+    return f"{path}, line {mark.line + 1}, column {mark.column + 1}: invalid YAML: {what}"

@@ -95,10 +95,12 @@ async def run_demo(host: str, port: int, log_level: str = "info") -> None:
         config = demo_config(ports)
         started = asyncio.Event()
         server = asyncio.create_task(serve(config, host, port, log_level=log_level, started=started))
-        await started.wait()
-        if not server.done():
+        ready = asyncio.create_task(started.wait())
+        await asyncio.wait((server, ready), return_when=asyncio.FIRST_COMPLETED)
+        ready.cancel()
+        if started.is_set() and not server.done():
             print(banner(host, port), flush=True)
-        await server
+        await server  # raises ListenError at once when the port is taken
     finally:
         for sim in sims:
             with contextlib.suppress(Exception):

@@ -6,8 +6,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from engines.context_error import context_message
 from gateway.caps import (
     PER_MESSAGE_TOKENS,
+    ROUTE_CAP,
     CapDecision,
     TokenEstimator,
     decide,
@@ -103,9 +105,9 @@ class CapEnforcer:
         if result is None or result[1] == 0:
             self._metrics.cap_actions.labels(route.label, "rejected", method).inc()
             raise ContextLengthExceeded(
-                f"This request's prompt is {prompt} tokens, over the route's context cap of {cap} "
-                "tokens, and dropping old messages cannot make it fit (the system prompt and the "
-                "last user message are always kept).",
+                context_message(cap, prompt, inbound.max_tokens)
+                + " Dropping old messages cannot make it fit: the system prompt and the last user message"
+                " are always kept." + ROUTE_CAP,
                 param="messages",
             )
         kept, dropped = result

@@ -123,10 +123,11 @@ class Exchange:
         m = self.metrics
         outcome = self.outcome or "client_closed"
         labels = (self.route, self.pool, self.backend_name)
+        fine = (self.route, self.pool)  # the fine per-request histograms have no backend label
         m.child(m.requests, *labels, outcome).inc()
         duration = now - self.started
         if self.sent_at is not None:
-            m.child(m.duration, *labels).observe(duration)
+            m.child(m.duration, *fine).observe(duration)
         obs = self.observer
         usage = self.reported_usage()
         completion = prompt = None
@@ -144,15 +145,15 @@ class Exchange:
         if prompt and self.sent_at is not None:
             m.child(m.prompt_tokens, *labels, "usage" if usage is not None else "estimated").inc(prompt)
         if obs is not None and obs.first_token_at is not None:
-            m.child(m.ttft, *labels).observe(obs.first_token_at - self.started)
+            m.child(m.ttft, *fine).observe(obs.first_token_at - self.started)
             if obs.gaps:
-                itl = m.child(m.itl, *labels)
+                itl = m.child(m.itl, *fine)
                 for gap in obs.gaps:
                     itl.observe(gap)
             decode = (obs.last_token_at or obs.first_token_at) - obs.first_token_at
             if completion and completion > 1 and decode > 0:
                 # The first token belongs to prefill; decode speed counts the ones after it.
-                m.child(m.request_tps, *labels).observe((completion - 1) / decode)
+                m.child(m.request_tps, *fine).observe((completion - 1) / decode)
         if outcome == "client_closed":
             stage = self.disconnect_stage or "before_backend"
             m.child(m.client_disconnects, *labels, stage).inc()

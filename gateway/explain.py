@@ -24,6 +24,8 @@ def explain(config: GatewayConfig, raw: bytes, kind: Kind = "chat", platform: Pl
             max_depth=config.limits.max_json_depth,
             max_n=config.limits.max_n,
             max_messages=config.limits.max_messages,
+            max_nodes=config.limits.max_json_nodes,
+            max_containers=config.limits.max_json_containers,
         )
     except GatewayError as exc:
         return {"error": exc.body()["error"]}

@@ -14,7 +14,8 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from gateway.auth import ClientAuth
+from gateway.access.gate import AccessGate
+from gateway.access.keys import ClientKey
 from gateway.config import GatewayConfig
 from gateway.enforcer import CapEnforcer
 from gateway.errors import (
@@ -24,6 +25,8 @@ from gateway.errors import (
     NoHealthyBackend,
     Overloaded,
     PayloadTooLarge,
+    RateLimited,
+    ShuttingDown,
     UpstreamTimeout,
 )
 from gateway.exchange import Exchange
@@ -61,12 +64,22 @@ _DROP = frozenset(
         "x-api-key",
         "api-key",
         "accept-encoding",
+        "content-encoding",  # the gateway forwards the JSON it parsed: identity, whatever the client said
         "forwarded",
         "x-forwarded-for",
         "x-forwarded-host",
         "x-forwarded-proto",
+        "x-real-ip",
+        "x-client-ip",
+        "true-client-ip",
+        "cf-connecting-ip",
+        "openai-organization",
+        "openai-project",
     }
 )
+# Any other header whose name says it carries a credential (x-goog-api-key, anthropic-api-key,
+# x-auth-token, ...) is dropped too: the backend's own key is the only one sent.
+_CREDENTIAL_WORDS = ("api-key", "api_key", "apikey", "auth", "token", "secret", "password", "session-key")
 
 
 class CompletionEndpoint:
@@ -80,6 +93,7 @@ class CompletionEndpoint:
         proxy: Proxy,
         metrics: GatewayMetrics,
         lifecycle: Lifecycle,
+        access: AccessGate,
     ) -> None:
         self.kind = kind
         self._lifecycle = lifecycle
@@ -92,7 +106,7 @@ class CompletionEndpoint:
         # Request ids: a random per-endpoint prefix and a counter; os.urandom per request was a syscall.
         self._id_prefix = os.urandom(6).hex()
         self._id_counter = itertools.count(1)
-        self._auth = ClientAuth([k.get_secret_value() for k in config.server.api_keys])
+        self._access = access
 
     @property
     def path(self) -> str:
@@ -109,17 +123,24 @@ class CompletionEndpoint:
         task = asyncio.current_task()
         assert task is not None
         watcher: asyncio.Task[None] | None = None
+        client: ClientKey | None = None
         try:
             if self._lifecycle.draining:
                 raise NoHealthyBackend("The gateway is shutting down.", code="draining", retry_after=1)
-            self._auth.check(headers.get("authorization"))
+            client = self._access.authenticate(headers.get("authorization"))
             raw = await _read_body(receive, headers, self._config.limits.max_body_bytes)
             if raw is None:
                 ex.disconnect_stage = "before_backend"
                 return
             limits = self._config.limits
             inbound = parse_request(
-                self.kind, raw, max_depth=limits.max_json_depth, max_n=limits.max_n, max_messages=limits.max_messages
+                self.kind,
+                raw,
+                max_depth=limits.max_json_depth,
+                max_n=limits.max_n,
+                max_messages=limits.max_messages,
+                max_nodes=limits.max_json_nodes,
+                max_containers=limits.max_json_containers,
             )
             route = self._config.route_for(inbound.model)
             if route is None:
@@ -127,6 +148,7 @@ class CompletionEndpoint:
                     f"The model '{_clip(inbound.model)}' does not exist on this gateway.", param="model"
                 )
             ex.route, ex.inbound, ex.upstream_model = route.label, inbound, route.upstream_model
+            await self._access.admit(client, inbound.model)  # the key's model allowlist and limits
             watcher = asyncio.create_task(_watch_disconnect(receive, task, ex))
             plan = self._router.plan(route, inbound, headers, self._caps.routing_estimate(route, inbound))
             ex.pool, ex.rule = plan.pool, plan.rule
@@ -168,6 +190,7 @@ class CompletionEndpoint:
                 watcher.cancel()
             ex.finish()
             usage = ex.reported_usage()
+            self._access.account(client, usage, ex.prompt_estimate + ex.streamed_tokens if ex.sent_at else 0)
             if usage is not None and ex.outcome == "success":
                 self._caps.learn(
                     ex, usage.get("prompt_tokens") if isinstance(usage.get("prompt_tokens"), int) else None
@@ -252,7 +275,18 @@ def _headers(scope: Scope) -> dict[str, str]:
 def _upstream_headers(headers: dict[str, str], request_id: str) -> dict[str, str]:
     named = headers.get("connection", "")
     drop = _DROP | {t.strip().lower() for t in named.split(",")} if named else _DROP
-    out = {k: v for k, v in headers.items() if k not in drop and not k.startswith("x-gateway-")}
+    out: dict[str, str] = {}
+    for name, value in headers.items():
+        if name in drop or name.startswith("x-gateway-") or any(w in name for w in _CREDENTIAL_WORDS):
+            continue
+        if not value.isascii():
+            # The ASGI server gave the raw bytes as latin-1; aiohttp would encode them as UTF-8 again
+            # (café -> cafÃ©). Send the client's bytes as they came, or drop a value that is not UTF-8.
+            try:
+                value = value.encode("latin-1").decode("utf-8")
+            except UnicodeDecodeError:
+                continue
+        out[name] = value
     out["content-type"] = "application/json"
     out["accept-encoding"] = "identity"
     out["x-request-id"] = request_id
@@ -268,6 +302,8 @@ def _clip(text: str, limit: int = 64) -> str:
 
 
 def _outcome_for(err: GatewayError) -> str:
+    if isinstance(err, RateLimited):
+        return "rejected_4xx"  # the client's own quota, not the gateway's capacity
     if isinstance(err, Overloaded | NoHealthyBackend):
         return "overloaded"
     if isinstance(err, UpstreamTimeout):
@@ -280,7 +316,7 @@ def _outcome_for(err: GatewayError) -> str:
 
 
 async def _send_shutdown(send: Send, ex: Exchange) -> None:
-    err = NoHealthyBackend("The gateway shut down before this request finished.", code="shutdown", retry_after=1)
+    err = ShuttingDown()
     try:
         if ex.response_started:
             await send(

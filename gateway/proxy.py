@@ -12,8 +12,17 @@ from typing import Any
 
 import aiohttp
 
-from gateway.errors import EngineError, GatewayError, NoHealthyBackend, UpstreamError, UpstreamTimeout
+from gateway.errors import (
+    EngineError,
+    GatewayError,
+    NoHealthyBackend,
+    ShuttingDown,
+    UpstreamError,
+    UpstreamTimeout,
+    parse_retry_after,
+)
 from gateway.exchange import Exchange
+from gateway.lifecycle import Lifecycle
 from gateway.metrics import GatewayMetrics
 from gateway.registry import Backend, Registry
 from gateway.sse import StreamObserver
@@ -79,8 +88,10 @@ class Proxy:
         idle_s: float,
         keepalive_s: float,
         first_byte_s: float,
+        lifecycle: Lifecycle | None = None,
     ) -> None:
         self._registry = registry
+        self._lifecycle = lifecycle or Lifecycle()
         self._upstream = upstream
         self._metrics = metrics
         self._max_attempts = max_attempts
@@ -161,12 +172,14 @@ class Proxy:
             resp.close()
         norm = backend.adapter.normalise_error(resp.status, raw)
         retry_after = _retry_after(resp.headers.get("retry-after"))
+        if retry_after is None and resp.status in (429, 503):
+            retry_after = 1  # absent, or absurd (inf, 1e999): the client still gets a sane one
         if resp.status == 503:
             # Overloaded or not ready: keep the status so the client backs off as the engine asked.
             return NoHealthyBackend(
                 f"Backend {backend.name} is unavailable (503).",
                 code="upstream_unavailable",
-                retry_after=retry_after if retry_after is not None else 1,
+                retry_after=retry_after,
             )
         return EngineError(
             norm.message, status=norm.status, type_=norm.type, code=norm.code, param=norm.param, retry_after=retry_after
@@ -311,16 +324,24 @@ class Proxy:
 
     async def _cut(self, ex: Exchange, send: Send, cut: StreamCut) -> None:
         """A stream that broke after the client got its headers: one error event, and no
-        [DONE], so the client can tell a cut-off answer from a finished one."""
-        ex.outcome = cut.outcome
-        kind = cut.outcome if cut.outcome in ("timeout_idle", "timeout_ttfb") else "midstream"
-        if ex.backend is not None:
-            self._metrics.upstream_errors.labels(ex.pool, ex.backend_name, kind).inc()
-        if not ex.response_started:
-            if cut.outcome == "timeout_ttfb":
-                raise UpstreamTimeout(cut.message)
-            raise UpstreamError(cut.message, code="upstream_disconnected")
-        event = {"error": {"message": cut.message, "type": "upstream_error", "param": None, "code": cut.outcome}}
+        [DONE], so the client can tell a cut-off answer from a finished one. While the gateway
+        drains, a backend that goes away is taken to go with it (one Ctrl-C stops both): the
+        event says the gateway is shutting down, and nothing is counted against the backend."""
+        if self._lifecycle.draining and cut.outcome == "upstream_error_midstream":
+            ex.outcome = "overloaded"
+            if not ex.response_started:
+                raise ShuttingDown()
+            event = ShuttingDown().body()
+        else:
+            ex.outcome = cut.outcome
+            kind = cut.outcome if cut.outcome in ("timeout_idle", "timeout_ttfb") else "midstream"
+            if ex.backend is not None:
+                self._metrics.upstream_errors.labels(ex.pool, ex.backend_name, kind).inc()
+            if not ex.response_started:
+                if cut.outcome == "timeout_ttfb":
+                    raise UpstreamTimeout(cut.message)
+                raise UpstreamError(cut.message, code="upstream_disconnected")
+            event = {"error": {"message": cut.message, "type": "upstream_error", "param": None, "code": cut.outcome}}
         # A client that stopped reading (the reason the stream stalled, perhaps) must not hold this
         # task forever: give the last event a few seconds, then let uvicorn close the connection.
         with contextlib.suppress(TimeoutError):
@@ -341,12 +362,7 @@ def headers_for(base: dict[str, str], backend: Backend) -> dict[str, str]:
 
 
 def _retry_after(value: str | None) -> float | None:
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        return None
+    return parse_retry_after(value, time.time())
 
 
 def _first_event_error(error: dict[str, Any], backend: Backend) -> GatewayError:

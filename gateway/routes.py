@@ -6,13 +6,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from gateway.auth import ClientAuth
+from gateway.access.gate import AccessGate
 from gateway.config import GatewayConfig
 from gateway.errors import GatewayError, MethodNotAllowed, NotFound
 from gateway.handler import CompletionEndpoint
@@ -34,10 +34,11 @@ class Endpoints:
         metrics: GatewayMetrics,
         scraper: LoadScraper,
         lifecycle: Lifecycle,
+        access: AccessGate,
     ) -> None:
         self._config = config
         self._lifecycle = lifecycle
-        self._auth = ClientAuth([k.get_secret_value() for k in config.server.api_keys])
+        self._access = access
         self._registry = registry
         self._metrics = metrics
         self._scraper = scraper
@@ -45,13 +46,13 @@ class Endpoints:
 
     async def models(self, request: Request) -> Response:
         try:
-            self._auth.check(request.headers.get("authorization"))
+            client = self._access.authenticate(request.headers.get("authorization"))
         except GatewayError as err:
             return error_response(err)
         data = [
             {"id": r.model, "object": "model", "created": self._created, "owned_by": "gateway"}
             for r in self._config.routes
-            if not r.is_glob
+            if not r.is_glob and (client is None or client.allows(r.model))
         ]
         return JSONResponse({"object": "list", "data": data})
 
@@ -73,13 +74,14 @@ class Endpoints:
 
     async def metrics(self, request: Request) -> Response:
         self._scraper.export_ages()
-        return Response(generate_latest(self._metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(self._metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     def routes(self, completions: list[CompletionEndpoint]) -> list[BaseRoute]:
         out: list[BaseRoute] = [Route(e.path, e, methods=["POST"]) for e in completions]
         out += [
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/healthz", self.healthz, methods=["GET"]),
+            Route("/health", self.healthz, methods=["GET"]),  # vLLM's and SGLang's name; guidellm checks it
             Route("/readyz", self.readyz, methods=["GET"]),
             Route("/metrics", self.metrics, methods=["GET"]),
         ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import gc
 import logging
 import signal
@@ -23,6 +24,31 @@ from gateway.protocol import protocol_class
 from gateway.rules import Platform
 
 log = logging.getLogger(__name__)
+
+
+class ListenError(Exception):
+    """The gateway could not listen where it was told to; the message is one line for the user."""
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """Bind host:port before anything starts, so that a taken port is one clear error (uvicorn
+    logs the OSError and exits 3 from inside its startup, which asyncio prints as a traceback)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise ListenError(port_in_use(port)) from None
+        raise ListenError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def port_in_use(port: int) -> str:
+    return f"port {port} is in use; pick another with --port"
 
 
 class GatewayServer(uvicorn.Server):
@@ -72,6 +98,23 @@ class GatewayServer(uvicorn.Server):
             app.state.gateway.lifecycle.draining = True
         super().handle_exit(sig, frame)
 
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """As uvicorn's; but after a second Ctrl-C (a forced exit), where uvicorn leaves the requests
+        and the lifespan running for asyncio.run to cancel (one traceback each, and streams cut with
+        no word), cancel the requests here, so that each client is told the gateway is shutting
+        down, and run the lifespan shutdown, both bounded."""
+        await super().shutdown(sockets)
+        if not self.force_exit:
+            return
+        tasks = list(self.server_state.tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=2)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(2):
+                await self.lifespan.shutdown()
+
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         """As uvicorn's, but a drained shutdown is a normal exit: the signal is not re-raised
@@ -95,7 +138,7 @@ def uvicorn_config(
         host=host,
         port=port,
         loop="uvloop",
-        http=protocol_class(config.server.request_timeout_s),
+        http=protocol_class(config.server.request_timeout_s, config.limits.max_header_bytes, config.limits.max_headers),
         lifespan="on",
         access_log=False,
         log_level=log_level,
@@ -117,10 +160,14 @@ async def serve(
     started: asyncio.Event | None = None,
     config_path: str | None = None,
 ) -> None:
+    sock = listen_socket(host, port)
     server = GatewayServer(uvicorn_config(config, host, port, platform, log_level), config_path)
-    task = asyncio.create_task(server.serve())
+    task = asyncio.create_task(server.serve([sock]))
     while not server.started and not task.done():
         await asyncio.sleep(0.01)
+    if server.started:
+        shown = f"[{host}]" if ":" in host else host
+        log.info("gateway listening on http://%s:%d (Ctrl-C to stop)", shown, sock.getsockname()[1])
     tune_gc()
     if started is not None:
         started.set()

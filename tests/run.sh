@@ -25,9 +25,23 @@ fi
 # Debian's package may start its own server; the tests start their own, so stop that one.
 pkill -u prometheus -x prometheus 2>/dev/null || true
 
+if ! command -v redis-server >/dev/null; then
+    say "redis (Debian package: the tests start their own redis-server for the shared limits)"
+    if [ "$(id -u)" = 0 ]; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server >/dev/null
+    else
+        echo "not root: install Debian's redis-server package yourself, or the Redis tests are skipped"
+    fi
+fi
+
 say "real engines (cached)"
 # SGLang included: GATEWAY_SGLANG=0 skips it for a quick local run; setup.sh refuses that when CI=true.
 bash tests/engines/setup.sh all
+
+if command -v npm >/dev/null; then
+    say "openai Node SDK (cached)"
+    bash tests/node/setup.sh >/dev/null
+fi
 
 say "lint"
 ruff check .
@@ -37,5 +51,6 @@ mypy
 say "tests"
 export GATEWAY_REQUIRE_ENGINES=${GATEWAY_REQUIRE_ENGINES:-1}
 export GATEWAY_REQUIRE_PROMETHEUS=${GATEWAY_REQUIRE_PROMETHEUS:-1}
+export GATEWAY_REQUIRE_REDIS=${GATEWAY_REQUIRE_REDIS:-1}
 python3 -m pytest "$@"
 say "done"

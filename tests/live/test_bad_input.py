@@ -85,7 +85,9 @@ async def test_client_auth(make_stack: StackFactory) -> None:
         shaped(await client.get(stack.base_url + "/v1/models"), 401)
         models = await client.get(stack.base_url + "/v1/models", headers={"authorization": "Bearer sk-good"})
         assert models.status_code == 200
-        assert (await client.get(stack.base_url + "/healthz")).status_code == 200  # probes stay open
+        for probe in ("/healthz", "/health"):  # probes stay open; /health is vLLM's and guidellm's name
+            live = await client.get(stack.base_url + probe)
+            assert live.status_code == 200 and live.json() == {"status": "ok"}
     assert ok.status_code == 200
     assert "authorization" not in stack.sims["vllm-0"].stats.recent[-1].headers
 

@@ -42,6 +42,8 @@ def test_demo_end_to_end() -> None:
             assert time.monotonic() < deadline, "demo did not become ready"
             time.sleep(0.1)
         with httpx.Client(base_url=url, timeout=30) as client:
+            listed = [m["id"] for m in client.get("/v1/models").json()["data"]]
+            assert listed == ["demo", "demo-local"]  # the README's snippet uses "demo"
             plain = client.post(
                 "/v1/chat/completions", json={"model": "demo", "messages": [{"role": "user", "content": "hello"}]}
             )

@@ -3,7 +3,9 @@ context errors, tokenize, health, models, metrics names, embeddings, and the /si
 
 from __future__ import annotations
 
+import base64
 import json
+import struct
 from collections.abc import Callable
 
 import httpx
@@ -263,6 +265,24 @@ async def test_embeddings(make_sim: SimFactory, client: Client) -> None:
     assert len(ids["data"]) == 2 and ids["usage"]["prompt_tokens"] == 4
     for bad in ({"model": "tiny"}, {"input": 5}, {"input": [{"a": 1}]}, {"input": []}):
         assert (await client(sim).post("/v1/embeddings", json=bad)).status_code == 400
+
+
+async def test_embeddings_as_base64(make_sim: SimFactory, client: Client) -> None:
+    """As vLLM and OpenAI: `encoding_format: "base64"` is the float32 bytes, little-endian, in base64
+    (what the openai SDKs ask for by default and decode); "float" is the default."""
+    sim = await make_sim("vllm")
+    body = {"model": "tiny", "input": ["a", "bb"]}
+    floats = (await client(sim).post("/v1/embeddings", json=body)).json()["data"]
+    packed = (await client(sim).post("/v1/embeddings", json={**body, "encoding_format": "base64"})).json()["data"]
+    for f, p in zip(floats, packed, strict=True):
+        assert isinstance(p["embedding"], str)
+        raw = base64.b64decode(p["embedding"])
+        assert len(raw) == 4 * 8
+        decoded = struct.unpack("<8f", raw)
+        assert decoded == pytest.approx(f["embedding"], abs=1e-6)
+    explicit = {**body, "encoding_format": "float"}
+    assert (await client(sim).post("/v1/embeddings", json=explicit)).json()["data"] == floats
+    assert (await client(sim).post("/v1/embeddings", json={**body, "encoding_format": "hex"})).status_code == 400
 
 
 async def test_slots_llamacpp(make_sim: SimFactory, client: Client) -> None:

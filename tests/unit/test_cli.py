@@ -33,6 +33,28 @@ def test_plan_pushes_the_cap_into_each_engine(capsys: pytest.CaptureFixture[str]
     assert "-c 262144 --parallel 4" in out  # llama.cpp splits -c across its slots
     # Llama-3-8B: 128 KiB per token -> 65536 tokens = 8.59 GB per sequence, 34.36 GB for 4.
     assert "8.59 GB per sequence" in out and "34.36 GB for 4" in out
+    # ...and its window is 8192 (max_position_embeddings): each of the three backends is warned.
+    warning = "# WARNING: the cap (65,536 tokens) is over the model's context window (8,192"
+    assert out.count(warning) == 3
+    assert "vllm serve '<MODEL_PATH>' --host 127.0.0.1 --port 8000" in out  # loopback URL, loopback bind
+
+
+def test_plan_within_the_window_does_not_warn(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = ROOT / "tests/fixtures/hf_configs/Qwen2.5-7B/config.json"  # window 131072 > the cap of 65536
+    assert json.loads(cfg.read_text())["max_position_embeddings"] > 65536
+    assert main(["plan", "--model-config", str(cfg)]) == 0
+    assert "WARNING" not in capsys.readouterr().out
+
+
+def test_plan_for_compose_names_the_model_and_binds_all_interfaces(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 10: not `vllm serve tiny --host vllm` (the served name as the model path, a DNS name
+    as the bind address) but a model-path placeholder, the served name, and 0.0.0.0."""
+    assert main(["plan", "--config", str(ROOT / "deploy/compose/gateway.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "vllm serve '<MODEL_PATH>' --served-model-name tiny --host 0.0.0.0 --port 8000 --max-model-len" in out
+    assert "--model-path '<MODEL_PATH>' --served-model-name tiny --host 0.0.0.0 --port 30000" in out
+    assert "llama-server -m '<MODEL_PATH>' --alias tiny --host 0.0.0.0 --port 8080" in out
+    assert "--host vllm" not in out and "serve tiny" not in out
 
 
 def test_explain_shows_the_decision(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -43,3 +65,40 @@ def test_explain_shows_the_decision(tmp_path: Path, capsys: pytest.CaptureFixtur
         out = json.loads(capsys.readouterr().out)
         assert out["decision"]["pool"] == pool
         assert out["backends_in_order"] == [f"{pool}-0"]
+
+
+def test_check_reports_each_mistake_once_with_suggestions(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 10's example: three mistakes are three lines (no phantom `routes: Tuple should have at
+    least 1 item`), each with a "did you mean"."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "pools:\n  vllm:\n    engine: vlm\n    backends: [{url: 'http://127.0.0.1:8000'}]\n"
+        "routes:\n  - model: '*'\n    pools: [vllm]\n    caps: {max_context_token: 4096, on_exceed: rejct}\n"
+    )
+    assert main(["check", str(bad)]) == 1
+    problems = capsys.readouterr().err.splitlines()[1:]
+    assert problems == [
+        "  pools.vllm.engine: Input should be 'vllm', 'sglang', 'llamacpp', 'trtllm', 'lmdeploy', 'nim', 'ollama',"
+        " 'openai' or 'sim'; did you mean 'vllm'?",
+        "  routes.0.caps.on_exceed: Input should be 'reject' or 'truncate_oldest'; did you mean 'reject'?",
+        "  routes.0.caps.max_context_token: unknown key 'max_context_token'; did you mean 'max_context_tokens'?",
+    ]
+
+
+def test_check_a_misspelt_required_key_is_one_mistake(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("pools: {a: {engine: vllm, backend: []}}\nservr: {}\nroutes: [{model: m, pools: [a]}]\n")
+    assert main(["check", str(bad)]) == 1
+    assert capsys.readouterr().err.splitlines()[1:] == [
+        "  pools.a.backend: unknown key 'backend'; did you mean 'backends'?",
+        "  servr: unknown key 'servr'; did you mean 'server'?",
+    ]
+
+
+def test_check_names_the_file_and_line_of_a_yaml_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("pools:\n  a: b\n    c: d\n")
+    assert main(["check", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert f"{bad}, line 3, column 6: invalid YAML: mapping values are not allowed here" in err
+    assert "<unicode string>" not in err

@@ -27,7 +27,7 @@ README = REPO / "README.md"
 # The docs whose `gateway <subcommand>` mentions are checked, besides the README.
 COMMAND_DOCS = [
     README,
-    *(REPO / "docs" / f"{name}.md" for name in ("configuration", "routing", "simulator", "testing")),
+    *(REPO / "docs" / f"{name}.md" for name in ("configuration", "routing", "simulator", "testing", "bench")),
 ]
 # Environment for the doc's complete examples, which may use ${NAME} without a default.
 EXAMPLE_ENV = {"GATEWAY_API_KEY": "sk-example"}
@@ -247,3 +247,17 @@ def test_readme_lists_every_subcommand() -> None:
 def test_subcommand_scan_reads_code_not_prose() -> None:
     text = "The gateway sends it.\n`gateway serve --port 1` and `gateway.yaml`\n```bash\nx && gateway demo\n```\n"
     assert mentioned_subcommands(text) == {"serve", "demo"}
+
+
+def test_readme_snippet_names_a_model_the_demo_lists() -> None:
+    """The README's Python snippet runs against `gateway demo` as it stands: its model is one of the
+    demo's exact route names, which are what /v1/models lists (tests/live/test_demo.py checks that)."""
+    from gateway.demo import demo_config
+
+    text = README.read_text(encoding="utf-8")
+    (snippet,) = re.findall(r"^```python\n(.*?)^```", text, flags=re.M | re.S)
+    models = set(re.findall(r'model="([^"]+)"', snippet))
+    listed = {r.model for r in demo_config({"vllm": 1, "sglang": 2, "llamacpp": 3}).routes if not r.is_glob}
+    assert models and models <= listed, (models, listed)
+    assert 'base_url="http://127.0.0.1:4000/v1"' in snippet  # the demo's default port
+    assert "python3 -m venv .venv" in text and "pip install -e '.[test]'" in text and "git clone" in text

@@ -356,6 +356,19 @@ LAUNCH_CASES = [
       "ollama", "serve"]),
     ("openai", SPEC, []),
     ("sim", SPEC, []),
+    # the backend's `model:` as the served name
+    ("vllm", dataclasses.replace(SPEC, served_name="tiny"),
+     ["vllm", "serve", "M", "--served-model-name", "tiny", "--host", "0.0.0.0", "--port", "8001",
+      "--max-model-len", "4096", "--max-num-seqs", "4"]),
+    ("sglang", dataclasses.replace(SPEC, served_name="tiny"),
+     ["python", "-m", "sglang.launch_server", "--model-path", "M", "--served-model-name", "tiny", "--host",
+      "0.0.0.0", "--port", "8001", "--context-length", "4096", "--enable-metrics"]),
+    ("llamacpp", dataclasses.replace(SPEC, served_name="tiny"),
+     ["llama-server", "-m", "M", "--alias", "tiny", "--host", "0.0.0.0", "--port", "8001", "-c", "16384",
+      "--parallel", "4", "--metrics"]),
+    ("lmdeploy", dataclasses.replace(SPEC, served_name="tiny"),
+     ["lmdeploy", "serve", "api_server", "M", "--model-name", "tiny", "--server-name", "0.0.0.0",
+      "--server-port", "8001", "--session-len", "4096", "--max-batch-size", "4"]),
 ]  # fmt: skip
 
 

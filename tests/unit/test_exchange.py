@@ -36,10 +36,13 @@ def test_finish_records_one_outcome_and_both_lenses() -> None:
     assert get("gateway_requests_total", {**labels, "outcome": "success"}) == 1
     assert get("gateway_output_tokens_total", {**labels, "source": "usage"}) == 3
     assert get("gateway_prompt_tokens_total", {**labels, "source": "usage"}) == 10
-    assert get("gateway_time_to_first_token_seconds_sum", labels) == pytest.approx(0.5)
-    assert get("gateway_inter_token_latency_seconds_count", labels) == 2
+    fine = {"route": "r1", "pool": "p"}  # the fine per-request histograms have no backend label
+    assert get("gateway_time_to_first_token_seconds_sum", fine) == pytest.approx(0.5)
+    assert get("gateway_inter_token_latency_seconds_count", fine) == 2
+    assert get("gateway_request_duration_seconds_count", fine) == 1
     # Decode speed: the 2 tokens after the first, over the 1 s between first and last.
-    assert get("gateway_request_output_tokens_per_second_sum", labels) == pytest.approx(2.0)
+    assert get("gateway_request_output_tokens_per_second_sum", fine) == pytest.approx(2.0)
+    assert get("gateway_time_to_first_token_seconds_sum", labels) is None
 
 
 def test_no_usage_counts_content_chunks_as_estimated() -> None:

@@ -21,6 +21,18 @@ PURE = [
     "gateway/sse.py",
     "gateway/errors.py",
     "gateway/config.py",
+    "gateway/access/keys.py",
+    "gateway/access/limiter.py",
+    "gateway/protocols/frames.py",
+    "gateway/protocols/anthropic_errors.py",
+    "gateway/protocols/messages_translate.py",
+    "gateway/protocols/messages_stream.py",
+    "gateway/protocols/responses_translate.py",
+    "gateway/protocols/responses_stream.py",
+    "gateway/protocols/response_store.py",
+    "gateway/protocols/reasoning.py",
+    "gateway/protocols/native_observers.py",
+    "gateway/bench/stats.py",
 ]
 IO_MODULES = {
     "asyncio",

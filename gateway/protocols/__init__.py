@@ -1,0 +1,1 @@
+"""One adapter per client protocol (parse, estimate inputs, edits, stream observer, error shape)."""

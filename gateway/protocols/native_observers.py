@@ -1,0 +1,159 @@
+"""Observers of a native Anthropic Messages or OpenAI Responses SSE stream, relayed unchanged: first
+token time and gaps from the protocol's own content events, the final usage (as chat's
+prompt/completion token names), the end event and a leading error. The interface of
+gateway/sse.py's StreamObserver. Cheap: the event name comes from its ``event:`` line (vLLM,
+llama.cpp and SGLang all send one); JSON is parsed only for the usage and error events."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+_EVENT = b"event:"
+_DATA = b"data:"
+
+# event name -> role, per protocol
+MESSAGES_EVENTS: dict[bytes, str] = {
+    b"content_block_delta": "content",
+    b"message_start": "usage",
+    b"message_delta": "usage",
+    b"message_stop": "done",
+    b"error": "error",
+}
+RESPONSES_EVENTS: dict[bytes, str] = {
+    b"response.output_text.delta": "content",
+    b"response.reasoning_text.delta": "content",
+    b"response.refusal.delta": "content",
+    b"response.function_call_arguments.delta": "content",
+    b"response.completed": "final",
+    b"response.incomplete": "final",
+    b"response.failed": "final",
+    b"error": "error",
+}
+
+
+class NativeObserver:
+    """Feed it chunks; it returns them unchanged. ``usage`` is OpenAI-named (prompt_tokens counts
+    Anthropic's cached input too), so accounting treats every protocol alike."""
+
+    __slots__ = (
+        "_carry",
+        "_roles",
+        "content_events",
+        "done",
+        "error",
+        "events",
+        "first_token_at",
+        "gaps",
+        "last_token_at",
+        "usage",
+    )
+
+    def __init__(self, roles: dict[bytes, str]) -> None:
+        self._roles = roles
+        self._carry = b""
+        self.events = 0
+        self.content_events = 0
+        self.done = False
+        self.usage: dict[str, Any] | None = None
+        self.error: dict[str, Any] | None = None
+        self.first_token_at: float | None = None
+        self.last_token_at: float | None = None
+        self.gaps: list[float] = []
+
+    @classmethod
+    def messages(cls) -> NativeObserver:
+        return cls(MESSAGES_EVENTS)
+
+    @classmethod
+    def responses(cls) -> NativeObserver:
+        return cls(RESPONSES_EVENTS)
+
+    def feed(self, chunk: bytes, now: float) -> bytes:
+        data = self._carry + chunk if self._carry else chunk
+        if b"\r" in data:
+            data = data.replace(b"\r\n", b"\n")
+        end = data.rfind(b"\n\n")
+        if end < 0:
+            self._carry = data
+            return chunk
+        self._carry = data[end + 2 :]
+        for event in data[:end].split(b"\n\n"):
+            if event:
+                self._observe(event, now)
+        return chunk
+
+    def flush(self) -> bytes:
+        """Nothing is held back (the bytes pass as they come); the interface of StreamObserver."""
+        self._carry = b""
+        return b""
+
+    def _observe(self, event: bytes, now: float) -> None:
+        if _DATA not in event:
+            return
+        self.events += 1
+        role = self._roles.get(_name(event))
+        if role == "content":
+            if self.first_token_at is None:
+                self.first_token_at = now
+            else:
+                assert self.last_token_at is not None
+                self.gaps.append(now - self.last_token_at)
+            self.last_token_at = now
+            self.content_events += 1
+        elif role == "done":
+            self.done = True
+        elif role == "usage":
+            self._anthropic_usage(_decode(event))
+        elif role == "final":
+            self.done = True
+            self._responses_final(_decode(event))
+        elif role == "error" and self.error is None:
+            self.error = _decode(event) or {"error": {"message": "unreadable error event"}}
+
+    def _anthropic_usage(self, decoded: dict[str, Any] | None) -> None:
+        if decoded is None:
+            return
+        message = decoded.get("message")
+        usage = (message.get("usage") if isinstance(message, dict) else None) or decoded.get("usage")
+        if not isinstance(usage, dict):
+            return
+        merged = dict(self.usage or {})
+        fields = ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+        if any(isinstance(usage.get(k), int) for k in fields):
+            merged["prompt_tokens"] = sum(_int(usage.get(k)) for k in fields)
+        if isinstance(usage.get("output_tokens"), int):
+            merged["completion_tokens"] = _int(usage["output_tokens"])
+        merged["total_tokens"] = merged.get("prompt_tokens", 0) + merged.get("completion_tokens", 0)
+        self.usage = merged
+
+    def _responses_final(self, decoded: dict[str, Any] | None) -> None:
+        response = decoded.get("response") if decoded else None
+        usage = response.get("usage") if isinstance(response, dict) else None
+        if isinstance(usage, dict):
+            prompt, completion = _int(usage.get("input_tokens")), _int(usage.get("output_tokens"))
+            self.usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        if isinstance(response, dict) and response.get("status") == "failed" and self.error is None:
+            self.error = {"error": response.get("error") or {"message": "response failed"}}
+
+
+def _name(event: bytes) -> bytes:
+    start = event.find(_EVENT)
+    if start < 0:
+        return b""
+    end = event.find(b"\n", start)
+    return event[start + len(_EVENT) : end if end >= 0 else len(event)].strip()
+
+
+def _decode(event: bytes) -> dict[str, Any] | None:
+    start = event.find(_DATA)
+    payload = event[start + len(_DATA) :].strip()
+    try:
+        value = json.loads(payload)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0

@@ -1,0 +1,227 @@
+"""A chat completions SSE stream, translated into the Responses stream vLLM 0.32 sends:
+response.created, response.in_progress, then per output item output_item.added / content_part.added /
+output_text.delta / output_text.done / content_part.done / output_item.done (function calls:
+function_call_arguments.delta / .done), and response.completed with usage; every event numbered. Pure.
+
+A generation cut by max_output_tokens ends with ``response.completed`` whose status is "incomplete",
+as vLLM's does: the openai SDK's ``get_final_response()`` needs a response.completed event."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gateway.protocols.frames import DataFrames, decode_event, encode_event, is_done
+from gateway.protocols.responses_translate import (
+    finish_status,
+    function_call_item,
+    message_item,
+    new_id,
+    reasoning_item,
+    response_object,
+    usage_to_responses,
+)
+
+
+class _Item:
+    __slots__ = ("call_id", "id", "kind", "name", "output_index", "text")
+
+    def __init__(self, kind: str, item_id: str, output_index: int, call_id: str = "", name: str = "") -> None:
+        self.kind = kind
+        self.id = item_id
+        self.output_index = output_index
+        self.text = ""  # message text, reasoning text or function arguments
+        self.call_id = call_id
+        self.name = name
+
+    def done(self) -> dict[str, Any]:
+        if self.kind == "message":
+            return message_item(self.id, self.text)
+        if self.kind == "reasoning":
+            return reasoning_item(self.id, self.text)
+        return function_call_item(self.id, self.call_id, self.name, self.text)
+
+
+class ResponsesStream:
+    """Feed it the upstream's raw bytes; it returns Responses SSE bytes. ``finish()`` when the
+    upstream ends closes a stream that lacked [DONE], or fails it if no finish_reason came."""
+
+    def __init__(self, request: Mapping[str, Any], *, created_at: int, response_id: str | None = None) -> None:
+        self._frames = DataFrames()
+        self._request = request
+        self._created_at = created_at
+        self.response_id = response_id or new_id("resp")
+        self._seq = 0
+        self._started = False
+        self._ended = False
+        self._model: Any = None
+        self._items: list[_Item] = []
+        self._open: _Item | None = None
+        self._calls: dict[int, _Item] = {}
+        self._finish: Any = None
+        self._usage: dict[str, Any] | None = None
+
+    @property
+    def usage(self) -> dict[str, Any]:
+        return usage_to_responses(self._usage)
+
+    def feed(self, chunk: bytes) -> bytes:
+        return b"".join(self._payload(p) for p in self._frames.feed(chunk))
+
+    def finish(self) -> bytes:
+        out = b"".join(self._payload(p) for p in self._frames.flush())
+        if self._ended:
+            return out
+        if self._finish is None:
+            return out + self._fail("The backend's stream ended before it finished.")
+        return out + self._complete()
+
+    def _emit(self, name: str, fields: dict[str, Any]) -> bytes:
+        event = {"type": name, "sequence_number": self._seq, **fields}
+        self._seq += 1
+        return encode_event(name, event)
+
+    def _response(
+        self, status: str, *, reason: str | None = None, usage: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        output = [item.done() for item in self._items] if status != "in_progress" else []
+        return response_object(
+            self._request,
+            response_id=self.response_id,
+            created_at=self._created_at,
+            status=status,
+            output=output,
+            usage=usage,
+            model=self._model,
+            incomplete_reason=reason,
+        )
+
+    def _payload(self, payload: bytes) -> bytes:
+        if self._ended:
+            return b""
+        if is_done(payload):
+            return self._complete()
+        event = decode_event(payload)
+        if event is None:
+            return b""
+        out = b""
+        if not self._started:
+            self._started = True
+            self._model = event.get("model")
+            out += self._emit("response.created", {"response": self._response("in_progress")})
+            out += self._emit("response.in_progress", {"response": self._response("in_progress")})
+        if "error" in event and "choices" not in event:
+            inner = event["error"]
+            message = inner.get("message") if isinstance(inner, dict) else inner
+            return out + self._fail(str(message or "The backend failed."))
+        if isinstance(event.get("usage"), dict):
+            self._usage = event["usage"]
+        choices = event.get("choices")
+        if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+            out += self._choice(choices[0])
+        return out
+
+    def _choice(self, choice: dict[str, Any]) -> bytes:
+        if choice.get("finish_reason") is not None:
+            self._finish = choice["finish_reason"]
+        delta = choice.get("delta")
+        if not isinstance(delta, dict):
+            return b""
+        out = b""
+        reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+        if isinstance(reasoning, str) and reasoning:
+            out += self._text("reasoning", reasoning)
+        text = delta.get("content")
+        if isinstance(text, str) and text:
+            out += self._text("message", text)
+        calls = delta.get("tool_calls")
+        for call in calls if isinstance(calls, list) else ():
+            if isinstance(call, dict):
+                out += self._tool_call(call)
+        return out
+
+    def _start_item(self, item: _Item, added: dict[str, Any]) -> bytes:
+        out = self._close_item()
+        self._items.append(item)
+        self._open = item
+        return out + self._emit("response.output_item.added", {"output_index": item.output_index, "item": added})
+
+    def _text(self, kind: str, text: str) -> bytes:
+        out = b""
+        item = self._open
+        if item is None or item.kind != kind:
+            item = _Item(kind, new_id("msg" if kind == "message" else "rs"), len(self._items))
+            if kind == "message":
+                added = {"type": "message", "id": item.id, "role": "assistant", "status": "in_progress", "content": []}
+                out += self._start_item(item, added)
+                part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+                out += self._emit("response.content_part.added", {**self._where(item), "part": part})
+            else:
+                out += self._start_item(item, {"type": "reasoning", "id": item.id, "summary": [], "content": []})
+        item.text += text
+        if kind == "message":
+            return out + self._emit("response.output_text.delta", {**self._where(item), "delta": text, "logprobs": []})
+        return out + self._emit("response.reasoning_text.delta", {**self._where(item), "delta": text})
+
+    def _tool_call(self, call: dict[str, Any]) -> bytes:
+        out = b""
+        index = call.get("index")
+        position = index if isinstance(index, int) else 0
+        function = call.get("function") if isinstance(call.get("function"), dict) else {}
+        assert isinstance(function, dict)
+        item = self._calls.get(position)
+        if item is None:
+            call_id = str(call.get("id") or new_id("call"))
+            item = _Item("function_call", new_id("fc"), len(self._items), call_id, str(function.get("name") or ""))
+            self._calls[position] = item
+            added = function_call_item(item.id, item.call_id, item.name, "", status="in_progress")
+            out += self._start_item(item, added)
+        arguments = function.get("arguments")
+        if isinstance(arguments, str) and arguments:
+            item.text += arguments
+            fields = {"item_id": item.id, "output_index": item.output_index, "delta": arguments}
+            out += self._emit("response.function_call_arguments.delta", fields)
+        return out
+
+    @staticmethod
+    def _where(item: _Item) -> dict[str, Any]:
+        return {"item_id": item.id, "output_index": item.output_index, "content_index": 0}
+
+    def _close_item(self) -> bytes:
+        item, self._open = self._open, None
+        if item is None:
+            return b""
+        out = b""
+        if item.kind == "message":
+            out += self._emit("response.output_text.done", {**self._where(item), "text": item.text, "logprobs": []})
+            part = item.done()["content"][0]
+            out += self._emit("response.content_part.done", {**self._where(item), "part": part})
+        elif item.kind == "reasoning":
+            out += self._emit("response.reasoning_text.done", {**self._where(item), "text": item.text})
+        else:
+            fields = {"item_id": item.id, "output_index": item.output_index, "arguments": item.text, "name": item.name}
+            out += self._emit("response.function_call_arguments.done", fields)
+        return out + self._emit("response.output_item.done", {"output_index": item.output_index, "item": item.done()})
+
+    def _complete(self) -> bytes:
+        self._ended = True
+        out = b""
+        if not self._started:
+            self._started = True
+            out += self._emit("response.created", {"response": self._response("in_progress")})
+            out += self._emit("response.in_progress", {"response": self._response("in_progress")})
+        out += self._close_item()
+        status, reason = finish_status(self._finish)
+        response = self._response(status, reason=reason, usage=usage_to_responses(self._usage))
+        return out + self._emit("response.completed", {"response": response})
+
+    def _fail(self, message: str) -> bytes:
+        """End with response.failed (status "failed", ``error`` set), as OpenAI does when generation fails."""
+        self._ended = True
+        out = self._close_item() if self._open is not None and self._started else b""
+        response = self._response("failed")
+        response["error"] = {"code": "server_error", "message": message}
+        if not self._started:
+            self._started = True
+            out += self._emit("response.created", {"response": self._response("in_progress")})
+        return out + self._emit("response.failed", {"response": response})

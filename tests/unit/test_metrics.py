@@ -1,0 +1,51 @@
+"""The fine per-request histograms: log-spaced bounds, a bisecting observe() that counts exactly as
+prometheus_client's own, and a fast exposition that writes the same lines as generate_latest."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+from gateway.metrics import _TTFT_BUCKETS, FineHistogram, GatewayMetrics, log_buckets
+
+
+def test_log_buckets_are_about_two_percent_apart_and_hit_the_decades() -> None:
+    bounds = log_buckets(0.01, 10.0, 120)
+    assert bounds[0] == 0.01 and bounds[-1] == 10.0 and 0.1 in bounds and 1.0 in bounds
+    ratios = [b / a for a, b in itertools.pairwise(bounds)]
+    assert len(bounds) == 361
+    assert all(1.0185 < r < 1.0205 for r in ratios)
+    assert list(_TTFT_BUCKETS) == sorted(set(_TTFT_BUCKETS))
+
+
+def test_fine_histogram_counts_like_prometheus_client() -> None:
+    bounds = (0.1, 0.2, 0.5, 1.0)
+    values = [0.0, 0.1, 0.1000001, 0.2, 0.35, 0.5, 0.99, 1.0, 1.5, math.inf, -1.0]
+    registries = []
+    for cls in (Histogram, FineHistogram):
+        registry = CollectorRegistry()
+        h = cls("x_seconds", "x", ("a",), buckets=bounds, registry=registry).labels("y")
+        for v in values:
+            h.observe(v)
+        registries.append(registry)
+    samples = [
+        [(s.name, s.labels, s.value) for f in r.collect() for s in f.samples if not s.name.endswith("_created")]
+        for r in registries
+    ]
+    assert samples[0] == samples[1]
+
+
+def test_exposition_writes_the_lines_generate_latest_writes() -> None:
+    m = GatewayMetrics()
+    for route, pool in (("chat", "vllm"), ("chat", "sglang"), ('odd "name" \\ here', "b")):
+        for h in (m.ttft, m.itl, m.duration, m.request_tps):
+            m.child(h, route, pool).observe(0.1234)
+            m.child(h, route, pool).observe(7.0)
+    m.child(m.requests, "chat", "pool", "vllm-0", "success").inc()
+    m.child(m.overhead, "chat").observe(0.001)
+    slow = generate_latest(m.registry).decode().splitlines()
+    fast = m.exposition().decode().splitlines()
+    assert sorted(fast) == sorted(slow)
+    assert 'gateway_time_to_first_token_seconds_bucket{le="0.1235",pool="vllm",route="chat"} 1.0' in fast
