@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The test command: installs what the tests need on a fresh machine (the package, the real
-# llama.cpp and vLLM engines with tiny generated models, Prometheus), then lints and runs every
+# llama.cpp, vLLM and SGLang engines with tiny generated models, Prometheus), then lints and runs every
 # tier. Heavy builds are cached under ${GATEWAY_CI_CACHE:-~/.cache/gateway-ci}, keyed by version.
 #
 #   bash tests/run.sh                 # everything, as CI runs it
 #   bash tests/run.sh -m "not integration"   # extra arguments go to pytest
+#   GATEWAY_SGLANG=0 bash tests/run.sh       # a quick local run without SGLang (refused when CI=true)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 T0=$SECONDS
@@ -34,6 +35,7 @@ if ! command -v redis-server >/dev/null; then
 fi
 
 say "real engines (cached)"
+# SGLang included: GATEWAY_SGLANG=0 skips it for a quick local run; setup.sh refuses that when CI=true.
 bash tests/engines/setup.sh all
 
 if command -v npm >/dev/null; then
