@@ -12,8 +12,10 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 
+from gateway.access.gate import AccessGate, CounterStore
+from gateway.access.keys import KeyRing
+from gateway.access.memory_store import MemoryStore
 from gateway.asgi import Receive, Scope, Send
-from gateway.auth import ClientAuth
 from gateway.config import GatewayConfig
 from gateway.fleet.capacity import Capacity
 from gateway.fleet.health import HealthChecker, HealthState
@@ -49,7 +51,6 @@ class Gateway:
     upstream: UpstreamClient
     router: Router
     caps: CapEnforcer
-    auth: ClientAuth
     accounting: Accounting
     admission: Admission
     relay: Relay
@@ -57,6 +58,21 @@ class Gateway:
     health: HealthChecker
     scraper: LoadScraper
     lifecycle: Lifecycle
+    access: AccessGate
+
+
+def access_gate(config: GatewayConfig, metrics: GatewayMetrics, memory: MemoryStore | None = None) -> AccessGate:
+    """Client keys and their limits: counted in Redis when `redis:` is configured (shared by every
+    replica), else in this process (`memory`, kept across reloads)."""
+    store: CounterStore
+    if config.redis is not None:
+        from gateway.access.redis_store import RedisStore  # only a Redis-backed gateway needs the client
+
+        store, name = RedisStore(config.redis.url.get_secret_value(), config.redis.timeout_s), "redis"
+        fail_open, prefix = config.redis.fail_open, config.redis.key_prefix
+    else:
+        store, name, fail_open, prefix = memory or MemoryStore(), "memory", True, "gateway:rl:"
+    return AccessGate(KeyRing.from_config(config), store, name, metrics, fail_open=fail_open, prefix=prefix)
 
 
 def build(
@@ -64,6 +80,7 @@ def build(
     platform: Platform | None = None,
     metrics: GatewayMetrics | None = None,
     lifecycle: Lifecycle | None = None,
+    memory: MemoryStore | None = None,
 ) -> Gateway:
     metrics = metrics or GatewayMetrics()
     registry = Registry(config)
@@ -85,7 +102,6 @@ def build(
         upstream=upstream,
         router=router,
         caps=CapEnforcer(upstream, metrics),
-        auth=ClientAuth([k.get_secret_value() for k in config.server.api_keys]),
         accounting=accounting,
         admission=Admission(capacity, router, config.limits, metrics),
         relay=relay,
@@ -95,6 +111,7 @@ def build(
         health=HealthChecker(registry, health_state, upstream, metrics, config.health),
         scraper=LoadScraper(registry, upstream, metrics, config.health),
         lifecycle=lifecycle,
+        access=access_gate(config, metrics, memory),
     )
 
 
@@ -106,6 +123,9 @@ class _Served:
     app: Starlette
     fast: dict[str, CompletionEndpoint]
     tasks: list[asyncio.Task[None]]
+    active: int = 0
+    """Completion requests running on this gateway, from the first byte of their handling to the
+    last: a retired gateway's session is closed only once this is 0."""
 
 
 def _assemble(gw: Gateway) -> _Served:
@@ -113,7 +133,7 @@ def _assemble(gw: Gateway) -> _Served:
         CompletionEndpoint(
             protocol,
             gw.config,
-            gw.auth,
+            gw.access,
             gw.router,
             gw.caps,
             gw.admission,
@@ -124,8 +144,11 @@ def _assemble(gw: Gateway) -> _Served:
         )
         for protocol in PROTOCOLS.values()
     ]
-    routes = Endpoints(gw.config, gw.auth, gw.registry, gw.metrics, gw.scraper, gw.lifecycle).routes(endpoints)
+    routes = Endpoints(gw.config, gw.registry, gw.metrics, gw.scraper, gw.lifecycle, gw.access).routes(endpoints)
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_exception})
+    # Starlette's trailing-slash redirect builds its Location from the client's Host header (an open
+    # redirect, issue 12 defect 11); an unknown path is an OpenAI-shaped 404 instead.
+    app.router.redirect_slashes = False
     app.state.gateway = gw
     return _Served(gw, app, {e.path: e for e in endpoints}, [])
 
@@ -156,6 +179,7 @@ async def _stop(served: _Served) -> None:
         task.cancel()
     await asyncio.gather(*served.tasks, return_exceptions=True)
     await served.gateway.upstream.close()
+    await served.gateway.access.close()
 
 
 def create_app(config: GatewayConfig, platform: Platform | None = None) -> GatewayApp:
@@ -175,7 +199,8 @@ class GatewayApp:
         self._platform = platform
         self._metrics = GatewayMetrics()
         self._lifecycle = Lifecycle()
-        self._served = _assemble(build(config, platform, self._metrics, self._lifecycle))
+        self._memory = MemoryStore()  # per-replica limit counters survive a reload
+        self._served = _assemble(build(config, platform, self._metrics, self._lifecycle, self._memory))
         self._retiring: set[asyncio.Task[None]] = set()
 
     @property
@@ -195,7 +220,11 @@ class GatewayApp:
         if scope["type"] == "http" and scope["method"] == "POST":
             endpoint = served.fast.get(scope["path"])
             if endpoint is not None:
-                await endpoint(scope, receive, send)
+                served.active += 1
+                try:
+                    await endpoint(scope, receive, send)
+                finally:
+                    served.active -= 1
                 return
         if scope["type"] == "lifespan":
             await self._lifespan(receive, send)
@@ -221,21 +250,23 @@ class GatewayApp:
 
     async def reload(self, config: GatewayConfig) -> None:
         """Swap in a gateway built from `config`; the old one drains in the background."""
-        new = _assemble(build(config, self._platform, self._metrics, self._lifecycle))
+        new = _assemble(build(config, self._platform, self._metrics, self._lifecycle, self._memory))
         await _start(new)
         old, self._served = self._served, new
         gone = {b.name for b in old.gateway.registry} - {b.name for b in new.gateway.registry}
-        task = asyncio.create_task(self._retire(old, gone, config.server.drain_timeout_s), name="retire")
+        task = asyncio.create_task(self._retire(old, gone), name="retire")
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)
         log.info("config reloaded: %d pools, %d routes", len(config.pools), len(config.routes))
 
-    async def _retire(self, old: _Served, gone: set[str], drain_s: float) -> None:
+    async def _retire(self, old: _Served, gone: set[str]) -> None:
+        """Close the old gateway once its last request has ended, however long that takes: closing
+        its session under a live stream would cut it (issue 12, defect 1). No request waits for
+        ever: each ends by its own deadlines (timeouts.first_byte_s, idle_s, limits.queue_timeout_s),
+        a client leaving, or the drain deadline at shutdown."""
         for task in old.tasks:  # the new gateway checks health and scrapes load from now on
             task.cancel()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + drain_s
-        while old.gateway.capacity.total_in_flight and loop.time() < deadline:
+        while old.active or old.gateway.capacity.total_in_flight:
             await asyncio.sleep(0.1)
         await _stop(old)
         for backend in old.gateway.registry:

@@ -34,19 +34,74 @@ class ServerConfig(_Model):
     request_timeout_s: Annotated[float, Field(ge=0)] = 30.0
     """Time a client has to send a whole request, headers and body (slowloris); 0 disables."""
     api_keys: tuple[SecretStr, ...] = ()
-    """Client keys accepted as `Authorization: Bearer ...`; an empty list means no client auth."""
+    """Client keys accepted as `Authorization: Bearer ...`, each the key itself or `sha256:<hex>`
+    of it; an empty list (and no `keys:`) means no client auth."""
 
     @model_validator(mode="after")
     def _no_empty_keys(self) -> ServerConfig:
         # An unset ${KEY:-} must not silently turn client auth off (or lock every client out).
         if any(not k.get_secret_value().strip() for k in self.api_keys):
             raise ValueError("api_keys: a key is empty (is its environment variable set?)")
+        for k in self.api_keys:
+            _check_hashed(k.get_secret_value(), "api_keys")
+        return self
+
+
+_SHA256 = re.compile(r"^sha256:[0-9a-fA-F]{64}$")
+
+
+def _check_hashed(key: str, where: str) -> None:
+    if key.startswith("sha256:") and not _SHA256.match(key):
+        raise ValueError(f"{where}: a `sha256:` key must be followed by 64 hex digits")
+
+
+class ClientKeyConfig(_Model):
+    name: Annotated[str, Field(pattern=_NAME_PATTERN, max_length=64)]
+    """Names the key in gateway_rate_limited_total and its Redis counters; never the key itself."""
+    key: SecretStr
+    """The key itself (e.g. `${TEAM_A_KEY}`), or `sha256:<64 hex digits>` of it."""
+    models: tuple[str, ...] = ()
+    """Model names or globs this key may use; empty means every model."""
+    requests_per_minute: Annotated[int, Field(ge=1)] | None = None
+    tokens_per_minute: Annotated[int, Field(ge=1)] | None = None
+    """Prompt plus completion tokens, counted when each request ends."""
+
+    @model_validator(mode="after")
+    def _check_key(self) -> ClientKeyConfig:
+        if not self.key.get_secret_value().strip():
+            raise ValueError("key is empty (is its environment variable set?)")
+        _check_hashed(self.key.get_secret_value(), "key")
+        return self
+
+
+class RedisConfig(_Model):
+    url: SecretStr
+    """Where the per-key limit counters live, shared by every replica: `redis://host:6379/0`.
+    Secret, as it may hold a password."""
+    fail_open: bool = True
+    """When Redis cannot be reached: true serves the request unlimited, false answers 503."""
+    timeout_s: Annotated[float, Field(gt=0)] = 0.25
+    """Longest wait for one Redis call before it counts as unreachable."""
+    key_prefix: str = "gateway:rl:"
+
+    @model_validator(mode="after")
+    def _check_url(self) -> RedisConfig:
+        if not re.match(r"^(redis|rediss|unix)://\S+$", self.url.get_secret_value()):
+            raise ValueError("url must be redis://, rediss:// or unix://")
         return self
 
 
 class LimitsConfig(_Model):
+    max_header_bytes: Annotated[int, Field(ge=1024)] = 64 * 1024
+    """The request line and headers together; past it the client gets 431 and the connection closes."""
+    max_headers: Annotated[int, Field(ge=8)] = 100
+    """Header fields in one request; past it, 431."""
     max_body_bytes: Annotated[int, Field(ge=1024)] = 10 * 1024 * 1024
     max_json_depth: Annotated[int, Field(ge=2, le=10_000)] = 64
+    max_json_nodes: Annotated[int, Field(ge=1000)] = 1_000_000
+    """Values in the body's JSON (every scalar, object and array); counted before parsing."""
+    max_json_containers: Annotated[int, Field(ge=100)] = 100_000
+    """Objects and arrays in the body's JSON; counted before parsing."""
     max_n: Annotated[int, Field(ge=1)] = 8
     max_messages: Annotated[int, Field(ge=1)] = 10_000
     queue_timeout_s: Annotated[float, Field(ge=0)] = 30.0
@@ -184,6 +239,8 @@ class GatewayConfig(_Model):
     retry: RetryConfig = RetryConfig()
     health: HealthConfig = HealthConfig()
     routing: RoutingConfig = RoutingConfig()
+    keys: tuple[ClientKeyConfig, ...] = ()
+    redis: RedisConfig | None = None
     pools: Mapping[Annotated[str, Field(pattern=_NAME_PATTERN)], PoolConfig]
     routes: Annotated[tuple[RouteConfig, ...], Field(min_length=1)]
 
@@ -204,6 +261,9 @@ class GatewayConfig(_Model):
                 if name in seen:
                     problems.append(f"pools.{pool_name}.backends.{j}.name: duplicate backend name {name!r}")
                 seen.add(name)
+        names = [k.name for k in self.keys]
+        for name in {x for x in names if names.count(x) > 1}:
+            problems.append(f"keys: duplicate key name {name!r}")
         labels = [r.label for r in self.routes]
         for label in {x for x in labels if labels.count(x) > 1}:
             problems.append(f"routes: duplicate route name {label!r}")

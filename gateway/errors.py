@@ -1,13 +1,17 @@
-"""The errors the gateway raises, and the one OpenAI-shaped body they all render to.
+"""The errors the gateway raises, and the one OpenAI-shaped body they all render to; every
+message is scrubbed of anything that looks like a credential (an engine may quote its key).
 
 GatewayError                        -> {"error": {"message", "type", "param", "code"}}
  ├─ InvalidRequest          400       bad JSON, wrong types, invalid max_tokens, limits
  │   └─ ContextLengthExceeded 400     prompt (+ output) over the route's cap
  ├─ Unauthorized            401
+ ├─ ModelNotAllowed         403       the client's key may not use this model
  ├─ NotFound                404       unknown model, unknown path
  ├─ MethodNotAllowed        405
  ├─ PayloadTooLarge         413
  ├─ UnsupportedMediaType    415
+ ├─ HeaderTooLarge          431       request head over limits.max_header_bytes / max_headers
+ ├─ RateLimited             429       a key's requests or tokens per minute; carries Retry-After
  ├─ Overloaded              429/503   no capacity; carries Retry-After
  ├─ NoHealthyBackend        503       carries Retry-After
  │   └─ ShuttingDown          503     the gateway is draining; also the last event of a cut stream
@@ -19,7 +23,35 @@ GatewayError                        -> {"error": {"message", "type", "param", "c
 from __future__ import annotations
 
 import json
+import math
+import re
+from email.utils import parsedate_to_datetime
 from typing import Any, ClassVar
+
+# Credentials an engine may quote back in its error text (the Authorization header it received,
+# a key in a URL or a config dump). Every message the gateway renders is scrubbed of them.
+_CREDENTIALS = (
+    (re.compile(r"(?i)\b(bearer|basic)(\s+)[A-Za-z0-9._~+/=:\-]{4,}"), r"\1\2[redacted]"),
+    (
+        re.compile(
+            r"(?i)\b([\w-]*(?:api[_-]?key|secret|password|passwd|token|authorization))"
+            r"(\s*[\"']?\s*[:=]\s*[\"']?)(?!(?:bearer|basic)\b)[^\s\"',;&}\[]{3,}"
+        ),
+        r"\1\2[redacted]",
+    ),
+    (re.compile(r"\b(sk|pk|rk)-[A-Za-z0-9_\-]{6,}"), r"\1-[redacted]"),
+)
+
+
+def redact(text: str) -> str:
+    """text with anything that looks like a credential replaced by `[redacted]`."""
+    for pattern, replacement in _CREDENTIALS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+MAX_RETRY_AFTER_S = 3600
+"""The longest Retry-After the gateway passes on: a backend's `1e999` must not park a client for ever."""
 
 
 class GatewayError(Exception):
@@ -36,6 +68,7 @@ class GatewayError(Exception):
         retry_after: float | None = None,
         status: int | None = None,
     ) -> None:
+        message = redact(message)
         super().__init__(message)
         self.message = message
         self.code = code if code is not None else self.default_code
@@ -56,8 +89,36 @@ class GatewayError(Exception):
     def headers(self) -> dict[str, str]:
         headers = {"x-gateway-error": "1"}
         if self.retry_after is not None:
-            headers["retry-after"] = str(max(1, round(self.retry_after)))
+            headers["retry-after"] = str(retry_after_seconds(self.retry_after))
         return headers
+
+
+def retry_after_seconds(value: float) -> int:
+    """A Retry-After value to send: whole seconds in [1, MAX_RETRY_AFTER_S]; NaN counts as 1."""
+    if math.isnan(value):
+        return 1
+    return int(min(MAX_RETRY_AFTER_S, max(1.0, math.ceil(value)))) if math.isfinite(value) else MAX_RETRY_AFTER_S
+
+
+def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
+    """A backend's Retry-After (delta seconds or an HTTP date) as seconds from now, clamped to
+    [0, MAX_RETRY_AFTER_S]; None when absent, non-finite or not understood."""
+    if not value:
+        return None
+    text = value.strip()
+    try:
+        seconds = float(text)
+    except ValueError:
+        try:
+            when = parsedate_to_datetime(text)
+        except (TypeError, ValueError, IndexError, OverflowError):
+            return None
+        if when.tzinfo is None or now is None:
+            return None
+        seconds = when.timestamp() - now
+    if not math.isfinite(seconds):
+        return None
+    return min(float(MAX_RETRY_AFTER_S), max(0.0, seconds))
 
 
 class InvalidRequest(GatewayError):
@@ -73,6 +134,28 @@ class Unauthorized(GatewayError):
     status = 401
     type = "authentication_error"
     default_code = "invalid_api_key"
+
+
+class ModelNotAllowed(GatewayError):
+    status = 403
+    type = "invalid_request_error"
+    default_code = "model_not_allowed"
+
+
+class RateLimited(GatewayError):
+    """A client key over its own limit: the client's quota, not the gateway's capacity. OpenAI's
+    shape: type names the limit (`requests` or `tokens`), code is `rate_limit_exceeded`."""
+
+    status = 429
+    type = "requests"
+    default_code = "rate_limit_exceeded"
+
+    def __init__(self, message: str, *, limit: str, retry_after: float) -> None:
+        super().__init__(message, retry_after=retry_after)
+        self.limit = limit
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.limit, "param": None, "code": self.code}}
 
 
 class NotFound(GatewayError):
@@ -101,6 +184,12 @@ class UnsupportedMediaType(GatewayError):
     status = 415
     type = "invalid_request_error"
     default_code = "unsupported_media_type"
+
+
+class HeaderTooLarge(GatewayError):
+    status = 431
+    type = "invalid_request_error"
+    default_code = "request_header_fields_too_large"
 
 
 class Overloaded(GatewayError):

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The test command: installs what the tests need on a fresh machine (the package, the real
-# llama.cpp and vLLM engines with tiny generated models, Prometheus), then lints and runs every
+# llama.cpp, vLLM and SGLang engines with tiny generated models, Prometheus), then lints and runs every
 # tier. Heavy builds are cached under ${GATEWAY_CI_CACHE:-~/.cache/gateway-ci}, keyed by version.
 #
 #   bash tests/run.sh                 # everything, as CI runs it
 #   bash tests/run.sh -m "not integration"   # extra arguments go to pytest
+#   GATEWAY_SGLANG=0 bash tests/run.sh       # a quick local run without SGLang (refused when CI=true)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 T0=$SECONDS
@@ -24,7 +25,17 @@ fi
 # Debian's package may start its own server; the tests start their own, so stop that one.
 pkill -u prometheus -x prometheus 2>/dev/null || true
 
+if ! command -v redis-server >/dev/null; then
+    say "redis (Debian package: the tests start their own redis-server for the shared limits)"
+    if [ "$(id -u)" = 0 ]; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server >/dev/null
+    else
+        echo "not root: install Debian's redis-server package yourself, or the Redis tests are skipped"
+    fi
+fi
+
 say "real engines (cached)"
+# SGLang included: GATEWAY_SGLANG=0 skips it for a quick local run; setup.sh refuses that when CI=true.
 bash tests/engines/setup.sh all
 
 if command -v npm >/dev/null; then
@@ -37,8 +48,19 @@ ruff check .
 ruff format --check .
 mypy
 
+say "overhead smoke (20 s: the gateway beside a 35-line proxy; fails only past 2x its CPU)"
+if ! command -v nginx >/dev/null || ! command -v wrk >/dev/null; then
+    { [ "$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx wrk >/dev/null; } || true
+fi
+if command -v nginx >/dev/null && command -v wrk >/dev/null; then
+    bash benchmarks/overhead/run.sh --smoke
+else
+    echo "nginx or wrk missing (not root): the overhead smoke is skipped"
+fi
+
 say "tests"
 export GATEWAY_REQUIRE_ENGINES=${GATEWAY_REQUIRE_ENGINES:-1}
 export GATEWAY_REQUIRE_PROMETHEUS=${GATEWAY_REQUIRE_PROMETHEUS:-1}
+export GATEWAY_REQUIRE_REDIS=${GATEWAY_REQUIRE_REDIS:-1}
 python3 -m pytest "$@"
 say "done"

@@ -44,7 +44,7 @@ class Env:
     nice: int = 0
     procs: list[Proc] = field(default_factory=list)
 
-    def start(self, name: str, argv: list[str], core: str, env: dict[str, str] | None = None) -> Proc:
+    def start(self, name: str, argv: list[str], core: str, env: dict[str, str] | None = None, cwd: Path = REPO) -> Proc:
         log = self.tmp / f"{name}.log"
         # taskset execs the command, so the Popen pid is the pinned process itself.
         popen = subprocess.Popen(
@@ -52,7 +52,7 @@ class Env:
             stdout=log.open("wb"),
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            cwd=REPO,
+            cwd=cwd,
             env=env,
             start_new_session=True,
         )

@@ -9,8 +9,9 @@ from typing import Any
 
 from prometheus_client import Gauge
 
+from gateway import accesslog
 from gateway.fleet.registry import Backend
-from gateway.metrics import GatewayMetrics
+from gateway.metrics import GatewayMetrics, observe_many
 from gateway.pipeline.exchange import Exchange
 
 log = logging.getLogger("gateway.access")
@@ -72,9 +73,7 @@ class Accounting:
         if obs is not None and obs.first_token_at is not None:
             m.child(m.ttft, *fine).observe(obs.first_token_at - ex.started)
             if obs.gaps:
-                itl = m.child(m.itl, *fine)
-                for gap in obs.gaps:
-                    itl.observe(gap)
+                observe_many(m.child(m.itl, *fine), obs.gaps)
             decode = (obs.last_token_at or obs.first_token_at) - obs.first_token_at
             if completion and completion > 1 and decode > 0:
                 # The first token belongs to prefill; decode speed counts the ones after it.
@@ -85,22 +84,13 @@ class Accounting:
             if completion:
                 m.child(m.wasted_tokens, *labels).inc(completion)
         if log.isEnabledFor(logging.INFO):
-            ttft = obs.first_token_at - ex.started if obs and obs.first_token_at else None
-            log.info(
-                "%s %s model=%s route=%s pool=%s backend=%s rule=%s status=%d outcome=%s "
-                "duration=%.4f ttft=%s out_tokens=%s",
-                ex.request_id,
-                ex.path,
-                ex.model if ex.model is not None and ex.route != "__unknown__" else "-",
-                ex.route,
-                ex.pool,
-                ex.backend_name,
-                ex.rule or "-",
-                ex.status,
-                outcome,
-                duration,
-                f"{ttft:.4f}" if ttft is not None else "-",
-                completion if completion else 0,
+            ttft = f"{obs.first_token_at - ex.started:.4f}" if obs and obs.first_token_at else "-"
+            model = ex.model if ex.model is not None and ex.route != "__unknown__" else "-"
+            accesslog.write(
+                log,
+                f"{ex.request_id} {ex.path} model={model} route={ex.route} pool={ex.pool} "
+                f"backend={ex.backend_name} rule={ex.rule or '-'} status={ex.status} outcome={outcome} "
+                f"duration={duration:.4f} ttft={ttft} out_tokens={completion or 0}",
             )
 
 

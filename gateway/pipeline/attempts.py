@@ -4,10 +4,18 @@ teach the balancer once, from the backend that answered; then hand over to the r
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 from gateway.asgi import Send
-from gateway.errors import EngineError, GatewayError, NoHealthyBackend, UpstreamError, UpstreamTimeout
+from gateway.errors import (
+    EngineError,
+    GatewayError,
+    NoHealthyBackend,
+    UpstreamError,
+    UpstreamTimeout,
+    parse_retry_after,
+)
 from gateway.fleet.capacity import Capacity
 from gateway.fleet.health import HealthState
 from gateway.fleet.registry import Backend
@@ -127,23 +135,16 @@ class Attempts:
 async def _error_from(resp: UpstreamResponse, backend: Backend) -> GatewayError:
     raw = await resp.read_error(_MAX_ERROR_BODY)
     norm = backend.adapter.normalise_error(resp.status, raw)
-    retry_after = _retry_after(resp.headers.get("retry-after"))
+    retry_after = parse_retry_after(resp.headers.get("retry-after"), time.time())
+    if retry_after is None and resp.status in (429, 503):
+        retry_after = 1  # absent, or absurd (inf, 1e999): the client still gets a sane one
     if resp.status == 503:
         # Overloaded or not ready: keep the status so the client backs off as the engine asked.
         return NoHealthyBackend(
             f"Backend {backend.name} is unavailable (503).",
             code="upstream_unavailable",
-            retry_after=retry_after if retry_after is not None else 1,
+            retry_after=retry_after,
         )
     return EngineError(
         norm.message, status=norm.status, type_=norm.type, code=norm.code, param=norm.param, retry_after=retry_after
     )
-
-
-def _retry_after(value: str | None) -> float | None:
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        return None

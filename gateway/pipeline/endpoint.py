@@ -14,8 +14,9 @@ import os
 from collections.abc import MutableMapping
 from typing import Any
 
+from gateway.access.gate import AccessGate
+from gateway.access.keys import ClientKey
 from gateway.asgi import Receive, Scope, Send
-from gateway.auth import ClientAuth
 from gateway.config import GatewayConfig
 from gateway.errors import (
     GatewayError,
@@ -24,6 +25,7 @@ from gateway.errors import (
     NoHealthyBackend,
     Overloaded,
     PayloadTooLarge,
+    RateLimited,
     ShuttingDown,
     UpstreamTimeout,
 )
@@ -63,7 +65,7 @@ class CompletionEndpoint:
         self,
         protocol: ProtocolAdapter,
         config: GatewayConfig,
-        auth: ClientAuth,
+        access: AccessGate,
         router: Router,
         caps: CapEnforcer,
         admission: Admission,
@@ -75,7 +77,7 @@ class CompletionEndpoint:
         self.protocol = protocol
         self.path = protocol.path
         self._config = config
-        self._auth = auth
+        self._access = access
         self._router = router
         self._caps = caps
         self._admission = admission
@@ -101,10 +103,11 @@ class CompletionEndpoint:
         ending = RequestEnd(task)
         watcher: asyncio.Task[None] | None = None
         count: PromptCount = NO_PROMPT
+        client: ClientKey | None = None
         try:
             if self._lifecycle.draining:
                 raise NoHealthyBackend("The gateway is shutting down.", code="draining", retry_after=1)
-            self._auth.check(headers.get("authorization"))
+            client = self._access.authenticate(headers.get("authorization"))
             raw = await _read_body(receive, headers, self._config.limits.max_body_bytes)
             if raw is None:
                 ex.disconnect_stage = "before_backend"
@@ -116,6 +119,7 @@ class CompletionEndpoint:
                     f"The model '{_clip(inbound.model)}' does not exist on this gateway.", param="model"
                 )
             ex.route, ex.model, ex.stream = route.label, inbound.model, inbound.stream
+            await self._access.admit(client, inbound.model)  # the key's model allowlist and limits
             watcher = asyncio.create_task(_listen_for_disconnect(receive, ex, ending))
             view = protocol.estimate_view(inbound)
             plan = self._router.plan(route, inbound, view, headers, self._caps.routing_estimate(route, inbound, view))
@@ -176,10 +180,10 @@ class CompletionEndpoint:
             if watcher is not None:
                 watcher.cancel()
             self._accounting.finish(ex)
-            if ex.outcome == "success":
-                usage = ex.reported_usage()
-                if usage is not None:
-                    self._caps.learn(count, prompt_tokens(usage))
+            usage = ex.reported_usage()
+            self._access.account(client, usage, ex.prompt_estimate + ex.streamed_tokens if ex.sent_at else 0)
+            if ex.outcome == "success" and usage is not None:
+                self._caps.learn(count, prompt_tokens(usage))
 
 
 async def _listen_for_disconnect(receive: Receive, ex: Exchange, ending: RequestEnd) -> None:
@@ -249,6 +253,8 @@ def _clip(text: str, limit: int = 64) -> str:
 
 
 def _outcome_for(err: GatewayError) -> Outcome:
+    if isinstance(err, RateLimited):
+        return "rejected_4xx"  # the client's own quota, not the gateway's capacity
     if isinstance(err, Overloaded | NoHealthyBackend):
         return "overloaded"
     if isinstance(err, UpstreamTimeout):

@@ -29,12 +29,22 @@ DROP = frozenset(
         "x-api-key",
         "api-key",
         "accept-encoding",
+        "content-encoding",  # the gateway forwards the JSON it parsed: identity, whatever the client said
         "forwarded",
         "x-forwarded-for",
         "x-forwarded-host",
         "x-forwarded-proto",
+        "x-real-ip",
+        "x-client-ip",
+        "true-client-ip",
+        "cf-connecting-ip",
+        "openai-organization",
+        "openai-project",
     }
 )
+# Any other header whose name says it carries a credential (x-goog-api-key, anthropic-api-key,
+# x-auth-token, ...) is dropped too: the backend's own key is the only one sent.
+_CREDENTIAL_WORDS = ("api-key", "api_key", "apikey", "auth", "token", "secret", "password", "session-key")
 SSE = (
     (b"content-type", b"text/event-stream; charset=utf-8"),
     (b"cache-control", b"no-cache"),
@@ -46,7 +56,18 @@ def upstream_headers(headers: Mapping[str, str], request_id: str) -> dict[str, s
     """The client's headers less the drop list (and any header its Connection names)."""
     named = headers.get("connection", "")
     drop = DROP | {t.strip().lower() for t in named.split(",")} if named else DROP
-    out = {k: v for k, v in headers.items() if k not in drop and not k.startswith("x-gateway-")}
+    out: dict[str, str] = {}
+    for name, value in headers.items():
+        if name in drop or name.startswith("x-gateway-") or any(w in name for w in _CREDENTIAL_WORDS):
+            continue
+        if not value.isascii():
+            # The ASGI server gave the raw bytes as latin-1; aiohttp would encode them as UTF-8 again
+            # (café -> cafÃ©). Send the client's bytes as they came, or drop a value that is not UTF-8.
+            try:
+                value = value.encode("latin-1").decode("utf-8")
+            except UnicodeDecodeError:
+                continue
+        out[name] = value
     out["content-type"] = "application/json"
     out["accept-encoding"] = "identity"
     out["x-request-id"] = request_id

@@ -28,7 +28,13 @@ class OpenAIProtocol:
 
     def parse(self, raw: bytes, limits: LimitsConfig) -> Inbound:
         return parse_request(
-            self._kind, raw, max_depth=limits.max_json_depth, max_n=limits.max_n, max_messages=limits.max_messages
+            self._kind,
+            raw,
+            max_depth=limits.max_json_depth,
+            max_n=limits.max_n,
+            max_messages=limits.max_messages,
+            max_nodes=limits.max_json_nodes,
+            max_containers=limits.max_json_containers,
         )
 
     def estimate_view(self, inbound: Inbound) -> Mapping[str, Any] | None:

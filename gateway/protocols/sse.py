@@ -1,8 +1,9 @@
-"""An incremental observer of an upstream SSE stream: first-token time, gaps between content
-chunks, [DONE], the final usage and a leading error event. It never re-encodes an event.
+"""An incremental observer of an upstream SSE stream: first-token time, gaps between reads that
+carry content, [DONE], the final usage and a leading error event. It never re-encodes an event.
 
-Cost matters: this runs for every chunk of every stream, so it does byte searches, not JSON
-parsing, except for the one usage event and an error event."""
+Cost matters: this runs for every read of every stream, so it works on the whole read with a few
+byte searches and counts; it never splits a read into events, and it JSON-decodes only the usage
+event (the last one that has usage in a read) and a leading error event."""
 
 from __future__ import annotations
 
@@ -10,30 +11,37 @@ import json
 from typing import Any
 
 _DATA = b"data:"
-_DONE = b"[DONE]"
+_LINE_DATA = b"\ndata:"
+_DONE = b"data: [DONE]"
+_EVENT_DONE = b"\n\ndata: [DONE]"
 _NO_CHOICES = b'"choices":[]'
-_CONTENT_MARKERS = (b'"content":"', b'"text":"', b'"reasoning_content":"', b'"tool_calls":[{')
+_USAGE = b'"usage":{'
+# A content event has one of these with a non-empty value; JSON escapes quotes inside strings, so a
+# marker can't occur inside a value. `"reasoning_content":"` does not contain `"content":"`.
+_STRING_MARKERS = (b'"content":"', b'"text":"', b'"reasoning_content":"')
+_EMPTY_MARKERS = tuple(m + b'"' for m in _STRING_MARKERS)
+_TOOL_CALLS = b'"tool_calls":[{'
 
 
-def _has_content(event: bytes) -> bool:
-    for marker in _CONTENT_MARKERS:
-        i = event.find(marker)
-        while i >= 0:
-            nxt = event[i + len(marker) : i + len(marker) + 1]
-            if marker.endswith(b"{") or (nxt and nxt != b'"'):
-                return True
-            i = event.find(marker, i + 1)
-    return False
+def content_count(data: bytes) -> int:
+    """How many content events `data` (whole events) holds: non-empty content, text or reasoning,
+    or a tool-call delta. An event with two of them (rare) counts twice."""
+    n = data.count(_TOOL_CALLS)
+    for marker, empty in zip(_STRING_MARKERS, _EMPTY_MARKERS, strict=True):
+        found = data.count(marker)
+        if found:
+            n += found - data.count(empty)
+    return n
 
 
 class StreamObserver:
-    """Feed it upstream chunks; it returns the bytes to relay.
+    """Feed it upstream reads; it returns the bytes to relay.
 
     In pass-through mode (the client asked for usage itself, or none was injected) the bytes
-    are the chunk, unchanged. When the gateway injected `stream_options.include_usage` on the
-    client's behalf, it relays whole events only and drops the usage-only event it added.
-    `whole_events` asks for whole events without dropping any (a protocol that translates the
-    stream, event by event, needs them)."""
+    are the read, unchanged. When the gateway injected `stream_options.include_usage` on the
+    client's behalf, it relays whole events only and drops the usage-only event it added (one per
+    stream, just before [DONE]). `whole_events` asks for whole events without dropping any (a
+    protocol that translates the stream, event by event, needs them)."""
 
     __slots__ = (
         "_carry",
@@ -61,6 +69,8 @@ class StreamObserver:
         self.first_token_at: float | None = None
         self.last_token_at: float | None = None
         self.gaps: list[float] = []
+        """Time between consecutive reads that carried content. Events that arrive in one read
+        share its time, so there is no gap to measure between them."""
 
     def feed(self, chunk: bytes, now: float) -> bytes:
         data = self._carry + chunk if self._carry else chunk
@@ -72,55 +82,61 @@ class StreamObserver:
             return b"" if self._whole else chunk
         self._carry = data[end + 2 :]
         complete = data[: end + 2]
-        dropped = False
-        out: list[bytes] = []
-        for event in complete.split(b"\n\n"):
-            if not event:
-                continue
-            if self._observe(event, now) and self._strip_usage:
-                dropped = True
-                continue
-            if self._whole:
-                out.append(event)
+        drop = self._observe(complete, now)
         if not self._whole:
             return chunk
-        if not out:
-            return b""
-        if not dropped and len(out) == 1:
-            return out[0] + b"\n\n"
-        return b"\n\n".join(out) + b"\n\n"
+        if drop is None or not self._strip_usage:
+            return complete
+        return complete[: drop[0]] + complete[drop[1] :]
 
-    def _observe(self, event: bytes, now: float) -> bool:
-        """Account for one event; True when it is a usage-only event."""
-        if _DATA not in event:
-            return False  # comments (": ping") and other fields
-        self.events += 1
-        if _DONE in event and event.lstrip().startswith(b"data: [DONE]"):
+    def _observe(self, data: bytes, now: float) -> tuple[int, int] | None:
+        """Account for whole events; the span of a usage-only event in them, if there is one."""
+        events = data.count(_LINE_DATA) + data.startswith(_DATA)
+        if not events:
+            return None  # comments (": ping") and other fields only
+        if self.events == 0 and b'"error"' in data:
+            first = _first_data_event(data)
+            if b'"error"' in first and b'"choices"' not in first:
+                self.error = _decode(first)
+        self.events += events
+        if not self.done and (data.startswith(_DONE) or _EVENT_DONE in data):
             self.done = True
-            return False
-        if self.events == 1 and b'"error"' in event and b'"choices"' not in event:
-            self.error = _decode(event)
-            return False
-        usage_only = _NO_CHOICES in event
-        if usage_only or b'"usage":{' in event:
+        drop = None
+        at = data.rfind(_NO_CHOICES)  # the usage-only event, last but [DONE]
+        if at < 0:
+            at = data.rfind(_USAGE)  # usage on a content event (some engines)
+        if at >= 0:
+            sep = data.rfind(b"\n\n", 0, at)
+            start = sep + 2 if sep >= 0 else 0
+            stop = data.find(b"\n\n", at) + 2
+            event = data[start:stop]
             decoded = _decode(event)
             usage = decoded.get("usage") if decoded else None
             if isinstance(usage, dict):
                 self.usage = usage
-        if not usage_only and _has_content(event):
+            if _NO_CHOICES in event:
+                drop = (start, stop)
+        found = content_count(data)
+        if found:
             if self.first_token_at is None:
                 self.first_token_at = now
             else:
                 assert self.last_token_at is not None
                 self.gaps.append(now - self.last_token_at)
             self.last_token_at = now
-            self.content_events += 1
-        return usage_only
+            self.content_events += found
+        return drop
 
     def flush(self) -> bytes:
         """Bytes still held back when the upstream ended (only in strip mode)."""
         rest, self._carry = self._carry, b""
         return rest if self._whole else b""
+
+
+def _first_data_event(data: bytes) -> bytes:
+    start = 0 if data.startswith(_DATA) else data.find(_LINE_DATA) + 1
+    stop = data.find(b"\n\n", start)
+    return data[start : stop if stop >= 0 else len(data)]
 
 
 def _decode(event: bytes) -> dict[str, Any] | None:

@@ -1,6 +1,7 @@
 """The HTTP protocol under uvicorn: its httptools protocol plus a deadline for receiving a whole
 request (headers and body), so that a slowloris client (a header byte every few seconds) cannot
-hold a connection for ever. uvicorn itself has no such deadline."""
+hold a connection for ever, and bounds on the request head (its bytes and its header count),
+which uvicorn sets for h11 but not for httptools."""
 
 from __future__ import annotations
 
@@ -8,28 +9,111 @@ import asyncio
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from gateway.errors import HeaderTooLarge
 
-def protocol_class(request_timeout_s: float) -> type[HttpToolsProtocol]:
-    """A protocol class with this deadline, for uvicorn.Config(http=...)."""
 
-    class DeadlineProtocol(HttpToolsProtocol):
+class _HeadRefused(Exception):
+    """Raised inside a parser callback to stop parsing; the protocol then answers 431."""
+
+
+def protocol_class(
+    request_timeout_s: float, max_header_bytes: int = 64 * 1024, max_headers: int = 100
+) -> type[HttpToolsProtocol]:
+    """A protocol class with this deadline and these head limits, for uvicorn.Config(http=...)."""
+
+    class GatewayProtocol(HttpToolsProtocol):
         _deadline: asyncio.TimerHandle | None = None
+        _in_head = True
+        _head_bytes = 0
+        _header_count = 0
+        _refusal: str | None = None
+        _linger: asyncio.TimerHandle | None = None
+        _discard_left = 0
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             self._arm()
 
+        def data_received(self, data: bytes) -> None:
+            if self._refusal is not None:  # refused: drop what the client still sends, a while
+                self._discard_left -= len(data)
+                if self._discard_left < 0:
+                    self.transport.pause_reading()  # then wait, without reading, for the close
+                return
+            # Count head bytes before the parser sees them: httptools builds a header value by
+            # repeated concatenation, so a 128 MB header must be cut here, not in a callback.
+            while data and self._refusal is None:
+                if not self._in_head:
+                    super().data_received(data)
+                    return
+                room = max_header_bytes - self._head_bytes
+                part, data = data[: max(room, 0)], data[max(room, 0) :]
+                self._head_bytes += len(part)
+                if part:
+                    super().data_received(part)
+                if data and self._in_head and self._refusal is None:
+                    self._refuse(f"The request head is larger than the {max_header_bytes}-byte limit.")
+
         def on_message_begin(self) -> None:
             super().on_message_begin()
+            self._header_count = 0
             self._arm()  # the next request on a kept-alive connection
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            self._header_count += 1
+            if self._header_count > max_headers:
+                self._refusal = f"The request has more than {max_headers} header fields."
+                raise _HeadRefused  # httptools stops parsing; uvicorn calls send_400_response
+            super().on_header(name, value)
+
+        def on_headers_complete(self) -> None:
+            self._in_head = False
+            super().on_headers_complete()
 
         def on_message_complete(self) -> None:
             self._disarm()
+            self._in_head, self._head_bytes = True, 0
             super().on_message_complete()
+
+        def send_400_response(self, msg: str) -> None:
+            if self._refusal is not None:
+                self._send_431(self._refusal)
+            else:
+                super().send_400_response(msg)
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
+            if self._linger is not None:
+                self._linger.cancel()
             super().connection_lost(exc)
+
+        def _refuse(self, message: str) -> None:
+            self._refusal = message
+            self._send_431(message)
+
+        def _send_431(self, message: str) -> None:
+            """431 with an OpenAI-shaped body, then close; if a response is still being written
+            on this connection (pipelining), close without one rather than interleave. The close
+            lingers 1 s (reading and dropping up to 1 MiB more, then not reading at all), so that a
+            client still writing its head gets to read the 431 before the reset."""
+            self._disarm()
+            if self.transport.is_closing():
+                return
+            if self.cycle is None or self.cycle.response_complete:
+                err = HeaderTooLarge(message)
+                body = err.body_bytes()
+                head = (
+                    b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+                    b"content-type: application/json\r\n"
+                    b"content-length: " + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n"
+                )
+                self.transport.write(head + body)
+                if self.transport.can_write_eof():
+                    self.transport.write_eof()
+                    self._discard_left = 1 << 20
+                    self._linger = self.loop.call_later(1.0, self.transport.close)
+                    return
+            self.transport.close()
 
         def _arm(self) -> None:
             if self._deadline is None and request_timeout_s > 0:
@@ -45,4 +129,4 @@ def protocol_class(request_timeout_s: float) -> type[HttpToolsProtocol]:
             if not self.transport.is_closing():
                 self.transport.close()
 
-    return DeadlineProtocol
+    return GatewayProtocol

@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from gateway.auth import ClientAuth
+from gateway.access.gate import AccessGate
 from gateway.config import GatewayConfig
 from gateway.errors import GatewayError, MethodNotAllowed, NotFound
 from gateway.fleet.registry import Registry
@@ -30,15 +30,15 @@ class Endpoints:
     def __init__(
         self,
         config: GatewayConfig,
-        auth: ClientAuth,
         registry: Registry,
         metrics: GatewayMetrics,
         scraper: LoadScraper,
         lifecycle: Lifecycle,
+        access: AccessGate,
     ) -> None:
         self._config = config
         self._lifecycle = lifecycle
-        self._auth = auth
+        self._access = access
         self._registry = registry
         self._metrics = metrics
         self._scraper = scraper
@@ -46,13 +46,13 @@ class Endpoints:
 
     async def models(self, request: Request) -> Response:
         try:
-            self._auth.check(request.headers.get("authorization"))
+            client = self._access.authenticate(request.headers.get("authorization"))
         except GatewayError as err:
             return error_response(err)
         data = [
             {"id": r.model, "object": "model", "created": self._created, "owned_by": "gateway"}
             for r in self._config.routes
-            if not r.is_glob
+            if not r.is_glob and (client is None or client.allows(r.model))
         ]
         return JSONResponse({"object": "list", "data": data})
 

@@ -10,6 +10,7 @@ import gc
 import logging
 import signal
 import socket
+import sys
 import threading
 from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from typing import Any
 
 import uvicorn
 
+from gateway import accesslog
 from gateway.app import Gateway, GatewayApp, create_app
 from gateway.config import ConfigError, GatewayConfig, load_config
 from gateway.policy.rules import Platform
@@ -138,7 +140,7 @@ def uvicorn_config(
         host=host,
         port=port,
         loop="uvloop",
-        http=protocol_class(config.server.request_timeout_s),
+        http=protocol_class(config.server.request_timeout_s, config.limits.max_header_bytes, config.limits.max_headers),
         lifespan="on",
         access_log=False,
         log_level=log_level,
@@ -238,4 +240,6 @@ def run(main: Coroutine[Any, Any, None]) -> None:
 
 
 def configure_logging(level: str) -> None:
-    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    fmt = "%(asctime)s %(levelname)s %(name)s %(message)s"
+    logging.basicConfig(level=level.upper(), format=fmt)
+    accesslog.install(sys.stderr, fmt)

@@ -69,6 +69,9 @@ EXPECTED_METRICS: Mapping[str, MetricSpec] = {
     "gateway_backend_up": MetricSpec("gauge", frozenset({"pool", "backend", "engine"})),
     "gateway_backend_load": MetricSpec("gauge", frozenset({"pool", "backend", "engine", "signal"})),
     "gateway_backend_scrape_age_seconds": MetricSpec("gauge", frozenset({"pool", "backend"})),
+    "gateway_rate_limited": MetricSpec("counter", frozenset({"key", "limit"})),
+    "gateway_limiter_backend_up": MetricSpec("gauge", frozenset({"store"})),
+    "gateway_limiter_errors": MetricSpec("counter", frozenset({"store"})),
 }
 
 # Series Prometheus makes itself for every target; the alerts may use them.

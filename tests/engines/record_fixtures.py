@@ -1,7 +1,7 @@
 """Record response fixtures from REAL llama-server, vLLM and SGLang into tests/fixtures/<engine>/.
 
-Usage: python tests/engines/record_fixtures.py [llamacpp|vllm|sglang|all] [--out tests/fixtures]
-(``all`` is llama.cpp and vLLM; SGLang, whose tier is opt-in, is recorded only when named.)
+Usage: python tests/engines/record_fixtures.py [llamacpp|vllm|sglang|sglang-protocols|all] [--out DIR]
+(``sglang-protocols`` records only SGLang's ``proto_*`` files: Messages, Responses, /v1/tokenize.)
 
 Engines come from engines.env / the environment (see servers.py; run tests/engines/setup.sh first).
 Servers are started with the same settings as the integration fixtures (llama.cpp: 4 slots x 512
@@ -496,6 +496,69 @@ def record_sglang(out: Path) -> None:
         server.stop()
 
 
+def record_sglang_protocols(out: Path) -> None:
+    """What later work needs from SGLang 0.5.23 beyond chat and completions, each with its error for
+    an over-long prompt: ``/v1/models``, ``/get_model_info``, ``/v1/tokenize`` (prompt and messages),
+    ``/v1/messages`` and ``/v1/messages/count_tokens`` (Anthropic), ``/v1/responses`` (streamed and
+    not), and ``usage.prompt_tokens_details.cached_tokens`` (``--enable-cache-report``). Files are
+    prefixed ``proto_``; their server's command is in ``proto_meta.json``."""
+    server = servers.start_sglang(context_length=1024, max_running_requests=4)
+    try:
+        rec = Recorder(server, out / "sglang")
+        print(f"SGLang on {server.base_url}, ready in {server.ready_seconds:.2f}s")
+        rec.record("proto_models", "GET", "/v1/models")
+        rec.record("proto_model_info", "GET", "/get_model_info")
+        rec.record("proto_model_retrieve", "GET", "/v1/models/tiny")
+        rec.record("proto_v1_tokenize_prompt", "POST", "/v1/tokenize", {"model": MODEL, "prompt": "Hello gateway."})
+        rec.record(
+            "proto_v1_tokenize_messages",
+            "POST",
+            "/v1/tokenize",
+            {"model": MODEL, "messages": MESSAGES, "add_generation_prompt": True},
+        )
+        rec.record("proto_v1_tokenize_too_long", "POST", "/v1/tokenize", {"model": MODEL, "prompt": TOO_LONG_PROMPT})
+        rec.record("proto_v1_detokenize", "POST", "/v1/detokenize", {"model": MODEL, "tokens": [1, 2, 3]})
+        messages = {"model": MODEL, "max_tokens": 6, "system": "You are a test.",
+                    "messages": [{"role": "user", "content": "Say something about the gateway."}]}  # fmt: skip
+        rec.record("proto_messages", "POST", "/v1/messages", messages)
+        rec.record_stream("proto_messages_stream", "/v1/messages", {**messages, "stream": True})
+        rec.record("proto_messages_count_tokens", "POST", "/v1/messages/count_tokens", {
+            k: v for k, v in messages.items() if k != "max_tokens"})  # fmt: skip
+        too_long_messages = {**messages, "messages": [{"role": "user", "content": TOO_LONG_PROMPT}]}
+        rec.record("proto_messages_too_long", "POST", "/v1/messages", too_long_messages)
+        rec.record_stream("proto_messages_too_long_stream", "/v1/messages", {**too_long_messages, "stream": True})
+        rec.record("proto_messages_count_tokens_too_long", "POST", "/v1/messages/count_tokens", {
+            k: v for k, v in too_long_messages.items() if k != "max_tokens"})  # fmt: skip
+        rec.record("proto_messages_missing_max_tokens", "POST", "/v1/messages", {
+            k: v for k, v in messages.items() if k != "max_tokens"})  # fmt: skip
+        responses = {"model": MODEL, "input": "Say something about the gateway.", "max_output_tokens": 6}
+        rec.record("proto_responses", "POST", "/v1/responses", responses)
+        rec.record_stream("proto_responses_stream", "/v1/responses", {**responses, "stream": True})
+        too_long_responses = {**responses, "input": TOO_LONG_PROMPT}
+        rec.record("proto_responses_too_long", "POST", "/v1/responses", too_long_responses)
+        rec.record_stream("proto_responses_too_long_stream", "/v1/responses", {**too_long_responses, "stream": True})
+        prefix = "the gateway keeps the prefix in its cache " * 30
+        for i in range(2):
+            msgs = [{"role": "user", "content": prefix + str(i)}]
+            request(server, "POST", "/v1/chat/completions", {"model": MODEL, "messages": msgs, "max_tokens": 4})
+        rec.record(
+            "proto_chat_cache_report",
+            "POST",
+            "/v1/chat/completions",
+            {"model": MODEL, "messages": [{"role": "user", "content": prefix + "x"}], "max_tokens": 4},
+        )
+        rec.save_json(
+            "proto_meta",
+            {
+                "engine": "SGLang (CPU engine, stub libcuda)",
+                "command": server.command,
+                "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            },
+        )
+    finally:
+        server.stop()
+
+
 def measure_sglang_disconnect(rec: Recorder, server: servers.EngineServer, ready_wall: float) -> None:
     def metrics() -> str:
         return request(server, "GET", "/metrics").data.decode()
@@ -564,15 +627,18 @@ def measure_sglang_disconnect(rec: Recorder, server: servers.EngineServer, ready
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("engine", nargs="?", default="all", choices=["all", "llamacpp", "vllm", "sglang"])
+    engines = ["all", "llamacpp", "vllm", "sglang", "sglang-protocols"]
+    parser.add_argument("engine", nargs="?", default="all", choices=engines)
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "fixtures")
     args = parser.parse_args()
     if args.engine in ("all", "llamacpp"):
         record_llamacpp(args.out)
     if args.engine in ("all", "vllm"):
         record_vllm(args.out)
-    if args.engine == "sglang":
+    if args.engine in ("all", "sglang"):
         record_sglang(args.out)
+    if args.engine in ("all", "sglang", "sglang-protocols"):
+        record_sglang_protocols(args.out)
 
 
 if __name__ == "__main__":

@@ -408,7 +408,8 @@ def start_sglang(
     ready_timeout: float = 240.0,
 ) -> EngineServer:
     """Start SGLang's server on the CPU (``SGLANG_USE_CPU_ENGINE=1``, torch-native attention, no CUDA
-    graphs, no warm-up) with ``--enable-metrics``. The CUDA build of its kernel library links one
+    graphs, no warm-up) with ``--enable-metrics`` and ``--enable-cache-report`` (``cached_tokens`` in
+    ``usage.prompt_tokens_details``). The CUDA build of its kernel library links one
     libcuda symbol; the stub in ``SGLANG_LIBCUDA_DIR`` (put first on ``LD_LIBRARY_PATH``) provides it.
     ``mem_fraction_static`` of the host's memory goes to the KV cache (0.05 of 24 GiB: about 1 GB)."""
     env = _require("sglang")
@@ -429,6 +430,7 @@ def start_sglang(
             "--disable-cuda-graph",
             "--skip-server-warmup",
             "--enable-metrics",
+            "--enable-cache-report",
             *extra_args,
         ]  # fmt: skip
 

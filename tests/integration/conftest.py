@@ -2,9 +2,9 @@
 
 - ``llamacpp_server`` (session): llama-server on the tiny GGUF, 4 slots of 512 tokens each, --metrics.
 - ``vllm_server`` (session): vLLM on the tiny HF model, max_model_len 1024, max_num_seqs 2.
-- ``sglang_server`` (session, OPT-IN): SGLang on the CPU on the tiny HF model, context_length 4096,
-  max_running_requests 4, --enable-metrics. It runs only with ``GATEWAY_SGLANG=1``; otherwise its tests
-  are SKIPPED (never failed, whatever GATEWAY_REQUIRE_ENGINES says) and the summary says so.
+- ``sglang_server`` (session): SGLang on the CPU on the tiny HF model, context_length 4096,
+  max_running_requests 4, --enable-metrics, --enable-cache-report. ``GATEWAY_SGLANG=0`` skips its tests
+  (loudly; a FAILURE when CI=true); ``GATEWAY_SGLANG=1`` makes a missing install a failure.
 - ``engine_launcher`` (function): ``launch("llamacpp" | "vllm" | "sglang", **kwargs)`` starts an extra
   server with custom settings (see tests/engines/servers.py ``start_llamacpp`` / ``start_vllm`` /
   ``start_sglang``); all are stopped at teardown.
@@ -32,9 +32,10 @@ import pytest
 
 _HERE = Path(__file__).resolve().parent
 _MISSING_KEY = pytest.StashKey[dict[str, str]]()
-_OPT_IN_KEY = pytest.StashKey[dict[str, str]]()
-# Engines whose tier is opt-in (heavy install; see docs/testing.md): the variable that turns each on.
-OPT_IN: dict[str, str] = {"sglang": "GATEWAY_SGLANG"}
+_OPT_OUT_KEY = pytest.StashKey[dict[str, str]]()
+# Engines with a switch of their own (heavy install; see docs/testing.md): 0 skips the engine's tests
+# for a quick local run (a failure when CI=true); 1 makes them required; unset: like any engine.
+OPT_OUT: dict[str, str] = {"sglang": "GATEWAY_SGLANG"}
 
 
 def _load_servers() -> ModuleType:
@@ -55,23 +56,29 @@ def _load_servers() -> ModuleType:
 servers = _load_servers()
 
 
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("true", "1")
+
+
 def _require_engine(config: pytest.Config, kind: str) -> None:
-    """Skip (or, with GATEWAY_REQUIRE_ENGINES=1, fail) when the engine is not installed. An opt-in
-    engine whose variable is not 1 is skipped, never failed."""
-    var = OPT_IN.get(kind)
-    if var is not None and os.environ.get(var) != "1":
-        reason = (
-            f"OPT-IN REAL ENGINE {kind!r} NOT RUN: its tier is opt-in (an ~11 GB install); set {var}=1 "
-            f"and run `{var}=1 bash tests/engines/setup.sh {kind}` first (docs/testing.md)"
-        )
-        config.stash.setdefault(_OPT_IN_KEY, {})[kind] = reason
+    """Skip (or, with GATEWAY_REQUIRE_ENGINES=1, fail) when the engine is not installed. An engine with
+    a switch in OPT_OUT is skipped when it is 0 (but fails in CI), and required (a missing install
+    fails) when it is 1."""
+    var = OPT_OUT.get(kind)
+    switch = os.environ.get(var, "") if var is not None else ""
+    if switch == "0":
+        reason = f"REAL ENGINE {kind!r} NOT RUN: {var}=0 skips it (a local run only; docs/testing.md)"
+        if _in_ci():
+            pytest.fail(f"CI never skips a real engine, and {reason}", pytrace=False)
+        config.stash.setdefault(_OPT_OUT_KEY, {})[kind] = reason
         pytest.skip(reason)
     reason = servers.engine_missing(kind)
     if reason is None:
         return
     config.stash.setdefault(_MISSING_KEY, {})[kind] = reason
-    if os.environ.get("GATEWAY_REQUIRE_ENGINES") == "1":
-        pytest.fail(f"GATEWAY_REQUIRE_ENGINES=1 and {reason}", pytrace=False)
+    if os.environ.get("GATEWAY_REQUIRE_ENGINES") == "1" or switch == "1":
+        why = f"{var}=1" if switch == "1" else "GATEWAY_REQUIRE_ENGINES=1"
+        pytest.fail(f"{why} and {reason}", pytrace=False)
     pytest.skip(reason)
 
 
@@ -87,9 +94,9 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         terminalreporter.section("REAL ENGINES MISSING", sep="!", red=True, bold=True)
         for reason in missing.values():
             terminalreporter.line(reason, red=True)
-    opted_out = config.stash.get(_OPT_IN_KEY, {})
+    opted_out = config.stash.get(_OPT_OUT_KEY, {})
     if opted_out:
-        terminalreporter.section("OPT-IN REAL ENGINES NOT RUN", sep="!", yellow=True, bold=True)
+        terminalreporter.section("REAL ENGINES SWITCHED OFF", sep="!", yellow=True, bold=True)
         for reason in opted_out.values():
             terminalreporter.line(reason, yellow=True)
 

@@ -75,7 +75,7 @@ def mount(stack: Stack) -> None:
     endpoint = CompletionEndpoint(
         Shout("chat", PATH),
         gw.config,
-        gw.auth,
+        gw.access,
         gw.router,
         gw.caps,
         gw.admission,

@@ -68,7 +68,13 @@ async def test_stream_bytes_are_relayed_unchanged(make_stack: StackFactory) -> N
 async def test_injected_usage_is_counted_and_stripped(make_stack: StackFactory) -> None:
     stack = await make_stack()
     async with httpx.AsyncClient() as client:
-        r = await client.post(stack.base_url + "/v1/chat/completions", json=chat(stream=True, max_tokens=6))
+        # 30 ms between chunks, so that each content chunk reaches the gateway in a read of its own:
+        # ITL gaps are measured between reads.
+        r = await client.post(
+            stack.base_url + "/v1/chat/completions",
+            json=chat(stream=True, max_tokens=6),
+            headers={"x-sim-fault": "chunk_delay=0.03"},
+        )
     events = sse_events(r.content)
     assert events[-1] == "[DONE]"
     assert not any('"choices":[]' in e for e in events)  # the usage chunk the gateway added is gone

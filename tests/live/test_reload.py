@@ -4,6 +4,7 @@ the old one; SIGHUP re-reads the file, and an invalid file keeps the running con
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import signal
 import subprocess
@@ -17,7 +18,7 @@ import pytest
 from engines.sim.server import SimServer
 from gateway.app import GatewayApp
 from gateway.config import parse_config
-from tests.live.conftest import StackFactory, chat, sim_params, sse_events
+from tests.live.conftest import StackFactory, chat, content_of, sim_params, sse_events
 from tests.live.test_demo import free_port
 
 pytestmark = pytest.mark.live
@@ -119,3 +120,48 @@ def test_sighup_reloads_the_file_and_refuses_a_bad_one(tmp_path: Path) -> None:
     assert proc.returncode == 0
     out = log.read_text()
     assert "reload of" in out and "refused" in out and "pools.p.engine" in out
+
+
+async def test_a_reload_never_cuts_a_long_stream(make_stack: StackFactory) -> None:
+    """Issue 12 defect 1: the old session was closed drain_timeout_s after a reload, under the
+    streams still running on it: the client got nothing for idle_s, then `timeout_idle`."""
+    stack = await make_stack(server={"drain_timeout_s": 0.3}, timeouts={"idle_s": 3})
+    app = stack.server.config.loaded_app
+    assert isinstance(app, GatewayApp)
+    old = app.gateway
+    arrivals: list[float] = []
+    body = b""
+    async with httpx.AsyncClient(timeout=30) as client:
+
+        async def stream() -> None:
+            nonlocal body
+            async with client.stream(
+                "POST",
+                stack.base_url + "/v1/chat/completions",
+                json=chat(stream=True, max_tokens=40),
+                headers={"x-sim-fault": "chunk_delay=0.05"},
+            ) as r:
+                assert r.status_code == 200
+                async for chunk in r.aiter_bytes():
+                    arrivals.append(time.monotonic())
+                    body += chunk
+
+        task = asyncio.create_task(stream())
+        await stack.sims["vllm-0"].wait_until(lambda s: s.active == 1, timeout=3)
+        await app.reload(stack.gateway.config)  # the same config, as after a SIGHUP on an unchanged file
+        await task
+    events = sse_events(body)
+    assert events[-1] == "[DONE]" and not any('"error"' in e for e in events)
+    assert len(content_of(events)) > 0
+    final = json.loads(events[-2])
+    assert final["choices"][0]["finish_reason"] == "length"
+    assert stack.sims["vllm-0"].stats.completed == 1 and stack.sims["vllm-0"].stats.aborted == 0
+    gap = max(b - a for a, b in itertools.pairwise(arrivals))
+    assert gap < 1.5, f"a {gap:.1f} s silence mid-stream"  # chunks come every 0.05 s
+    assert stack.total("gateway_requests_total", outcome="success") == 1
+    for _ in range(50):  # the old gateway's session is closed once its stream is done
+        if old.upstream._session is None:
+            break
+        await asyncio.sleep(0.1)
+    assert old.upstream._session is None
+    stack.gateway = app.gateway

@@ -58,3 +58,23 @@ def test_no_usage_counts_content_chunks_as_estimated() -> None:
     assert get("gateway_output_tokens_total", {**labels, "source": "estimated"}) == 7
     assert get("gateway_client_disconnects_total", {**labels, "stage": "mid_stream"}) == 1
     assert get("gateway_disconnect_wasted_tokens_total", labels) == 7
+
+
+def test_observe_many_matches_observe_one_by_one() -> None:
+    from prometheus_client import CollectorRegistry, Histogram
+
+    from gateway.metrics import FineHistogram, observe_many
+
+    values = [0.0, 0.0005, 0.001, 0.0011, 0.02, 0.02, 0.5, 3.0, 99.0]
+    samples = []
+    for cls, batch in ((Histogram, False), (Histogram, True), (FineHistogram, True)):
+        h = cls("h", "h", ("a",), buckets=(0.001, 0.02, 1.0), registry=CollectorRegistry())
+        child = h.labels("x")
+        if batch:
+            observe_many(child, values)
+        else:
+            for v in values:
+                child.observe(v)
+        metric = next(iter(h.collect()))
+        samples.append([(s.name, s.labels, s.value) for s in metric.samples if not s.name.endswith("_created")])
+    assert samples[0] == samples[1] == samples[2]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tracemalloc
 
 import pytest
 
@@ -41,8 +42,10 @@ def test_valid_chat() -> None:
         (b'{"model":"m","x":NaN}', "invalid_json"),
         (b'{"model":"m","x":' + b"[" * 10_000 + b"]" * 10_000 + b"}", "json_too_deep"),
         (b'{"model":"m","x":' + b"[" * 100 + b"]" * 100 + b"}", "json_too_deep"),
-        (b"[" * 1_000_000, "json_too_deep"),
+        (b"[" * 1_000_000, "json_too_many_nodes"),  # refused before parsing, by the node count
+        (b"[" * 50_000, "json_too_deep"),
     ],
+    ids=lambda v: v[:40].decode("latin-1") if isinstance(v, bytes) else str(v),
 )
 def test_bad_bodies(raw: bytes, code: str) -> None:
     with pytest.raises(InvalidRequest) as info:
@@ -101,3 +104,37 @@ def test_completions_and_embeddings() -> None:
         parse({"model": "m"}, kind="embeddings")
     with pytest.raises(InvalidRequest):
         parse({"model": "m", "input": "x", "stream": True}, kind="embeddings")
+
+
+AMPLIFIER = b'{"model":"m","messages":[{"role":"user","content":"hi"}],"x":[' + b",".join([b"{}"] * 3_400_000) + b"]}"
+
+
+def test_json_amplification_is_refused_before_parsing() -> None:
+    """Issue 12 defect 4: 3.4 million `{}` in an ignored field of a 10 MiB body cost ~500 MB to parse."""
+    assert len(AMPLIFIER) < 10 * 1024 * 1024
+    tracemalloc.start()
+    try:
+        with pytest.raises(InvalidRequest) as info:
+            parse(None, raw=AMPLIFIER)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert info.value.code == "json_too_many_nodes" and info.value.status_code == 400
+    assert peak < 3 * len(AMPLIFIER), peak  # a copy or two of the body, not 50 bytes a node
+
+
+def test_many_scalars_are_bounded_too() -> None:
+    raw = b'{"model":"m","prompt":[' + b",".join([b"1"] * 1_000_001) + b"]}"
+    with pytest.raises(InvalidRequest) as info:
+        parse_request("completions", raw, max_depth=64, max_n=8, max_messages=100)
+    assert info.value.code == "json_too_many_nodes"
+    ids = json.dumps({"model": "m", "prompt": list(range(200_000))}).encode()  # a long prompt as token ids
+    assert len(parse_request("completions", ids, max_depth=64, max_n=8, max_messages=100).body["prompt"]) == 200_000
+
+
+def test_commas_and_brackets_inside_strings_are_not_nodes() -> None:
+    text = "a, b, [c], {d}, " * 150_000  # 600,000 commas and 300,000 brackets, all inside one string
+    raw = json.dumps({"model": "m", "messages": [{"role": "user", "content": text}]}).encode()
+    assert parse(None, raw=raw).messages == [{"role": "user", "content": text}]
+    escaped = json.dumps({"model": "m", "messages": [{"role": "user", "content": '\\", [' * 200_000}]})
+    assert parse(None, raw=escaped.encode()).messages is not None

@@ -18,6 +18,8 @@ PURE_ELSEWHERE = [
     "gateway/protocols/sse.py",
     "gateway/errors.py",
     "gateway/config.py",
+    "gateway/access/keys.py",
+    "gateway/access/limiter.py",
     "gateway/protocols/frames.py",
     "gateway/protocols/anthropic_errors.py",
     "gateway/protocols/messages_translate.py",

@@ -38,7 +38,44 @@ def test_pass_through_is_byte_identical_at_any_split(size: int) -> None:
     assert feed_split(obs, STREAM, size) == STREAM
     assert obs.done and obs.content_events == 3
     assert obs.usage == {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
-    assert obs.first_token_at is not None and len(obs.gaps) == 2
+    assert obs.first_token_at is not None
+
+
+def test_gaps_are_between_reads_that_carry_content() -> None:
+    obs = StreamObserver(strip_usage=False)
+    for i, part in enumerate((ROLE, chunk("a"), chunk("b"), chunk("c") + USAGE + DONE)):
+        obs.feed(part, float(i))
+    assert obs.first_token_at == 1.0 and obs.last_token_at == 3.0 and obs.gaps == [1.0, 1.0]
+    together = StreamObserver(strip_usage=False)
+    together.feed(STREAM, 5.0)  # one read: no gap can be measured between its events
+    assert together.content_events == 3 and together.gaps == [] and together.first_token_at == 5.0
+
+
+def test_a_read_of_many_events_counts_only_content_events() -> None:
+    finish = event({"id": "c", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    empty = event({"id": "c", "choices": [{"index": 0, "delta": {"content": ""}}]})
+    null = event({"id": "c", "choices": [{"index": 0, "delta": {"content": None}}]})
+    tool = event({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{"}}]}}]})
+    reasoning = event({"choices": [{"index": 0, "delta": {"reasoning_content": "hm"}}]})
+    tricky = chunk('say "content":"x" and data: [DONE]')  # markers inside a value are escaped
+    obs = StreamObserver(strip_usage=False)
+    obs.feed(ROLE + empty + null + chunk("a") + tool + reasoning + tricky + finish + USAGE, 1.0)
+    assert obs.content_events == 4 and obs.events == 9 and not obs.done
+    obs.feed(DONE, 2.0)
+    assert obs.done
+
+
+def test_usage_on_a_content_event_is_read_and_relayed() -> None:
+    last = event({"choices": [{"index": 0, "delta": {"content": "z"}}], "usage": {"completion_tokens": 2}})
+    obs = StreamObserver(strip_usage=True)
+    assert obs.feed(chunk("a") + last + DONE, 1.0) == chunk("a") + last + DONE
+    assert obs.usage == {"completion_tokens": 2} and obs.content_events == 2
+
+
+def test_strip_mode_drops_the_usage_event_wherever_it_falls_in_a_read() -> None:
+    obs = StreamObserver(strip_usage=True)
+    assert obs.feed(USAGE + DONE, 1.0) == DONE
+    assert obs.usage is not None and obs.usage["prompt_tokens"] == 7
 
 
 @pytest.mark.parametrize("size", [1, 5, 10_000])
