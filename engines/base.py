@@ -88,6 +88,11 @@ class EngineAdapter(Protocol):
         """Where the engine's Prometheus text lives; "" when it has none (don't scrape)."""
         ...
 
+    @property
+    def native_apis(self) -> frozenset[str]:
+        """Protocols the engine serves well itself: "messages", "count_tokens", "responses", "tokenize"."""
+        ...
+
     def parse_load(self, metrics_text: str, now: float) -> EngineLoad: ...
 
     def tokenize_calls(

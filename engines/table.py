@@ -213,6 +213,9 @@ class TableAdapter:
     launch: Callable[[LaunchSpec], list[str]] = no_launch
     client_faults: tuple[str, ...] = ()
     """Lower-case phrases that make an engine's 5xx the client's fault (a 400), e.g. a JSON parse error."""
+    native_apis: frozenset[str] = frozenset()
+    """The client protocols beyond OpenAI chat/completions/embeddings that the engine serves well
+    itself ("messages", "count_tokens", "responses", "tokenize"); the others are translated."""
 
     def parse_load(self, metrics_text: str, now: float) -> EngineLoad:
         return self.load.parse(metrics_text, now)

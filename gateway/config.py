@@ -108,6 +108,9 @@ class LimitsConfig(_Model):
     """How long a request may wait for a slot when every backend of its pool is at max_in_flight."""
     max_queue: Annotated[int, Field(ge=0)] = 1000
     """Requests waiting for a slot, gateway-wide; past it a request gets 429 at once."""
+    max_response_ids: Annotated[int, Field(ge=1)] = 100_000
+    """Responses ids the gateway remembers the backend of (LRU, ~17 MB at the default); a request
+    naming a forgotten one gets OpenAI's 404 response_not_found, as for an unknown id."""
 
 
 class TimeoutsConfig(_Model):

@@ -55,6 +55,8 @@ class Exchange:
     prompt_messages: int = 0
     prompt_estimate: int = 0
     prompt_exact: int | None = None
+    answer_id: str | None = None
+    """The id of state the backend stored for this answer (a Responses id), recorded at the end."""
     streamed_tokens: int = 0
     """Output tokens already added to gateway_output_tokens_total while the stream was relayed."""
 

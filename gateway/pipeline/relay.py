@@ -100,6 +100,7 @@ class Relay:
     ) -> None:
         raw = await resp.read(max(self._idle_s, self._first_token_s))
         resp.release()
+        ex.answer_id = protocol.answer_id(raw)
         try:
             parsed = json.loads(raw)
         except ValueError:
@@ -157,6 +158,7 @@ class Relay:
         try:
             first = await self._first_chunk(ex, send, resp)
             t0 = clock()
+            ex.answer_id = protocol.answer_id(first)
             out = observer.feed(first, t0) if first else b""
             if observer.error is not None and not ex.response_started:
                 assert ex.backend is not None

@@ -16,6 +16,7 @@ Kind = Literal["chat", "completions", "embeddings"]
 # Fields a client might use to steer the upstream URL or credentials (LiteLLM #37053). The backend
 # URL and key always come from config, so these are dropped before forwarding.
 _STEERING_FIELDS = ("api_base", "base_url", "api_key", "api_version", "custom_llm_provider", "organization")
+STEERING_FIELDS = _STEERING_FIELDS
 _MAX_MODEL_CHARS = 256
 _MAX_INT = 2**31 - 1
 
@@ -102,6 +103,21 @@ def _has_lone_surrogate(value: Any) -> bool:
     except UnicodeEncodeError:
         return True
     return False
+
+
+def positive_int(body: dict[str, Any], field: str) -> int | None:
+    """A positive integer field, or None when absent; InvalidRequest naming the field otherwise."""
+    return _positive_int(body, field)
+
+
+def check_model(body: dict[str, Any]) -> str:
+    """The body's model name; InvalidRequest when it is missing, too long or not printable."""
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("'model' is required and must be a string.", param="model", code="invalid_type")
+    if len(model) > _MAX_MODEL_CHARS or not model.isprintable():
+        raise InvalidRequest("'model' is too long or contains control characters.", param="model", code="invalid_value")
+    return model
 
 
 def _positive_int(body: dict[str, Any], field: str) -> int | None:
