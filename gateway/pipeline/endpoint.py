@@ -202,6 +202,7 @@ class CompletionEndpoint:
         assert inbound.pin is not None
         plan = self._router.pinned(route, inbound, view, headers, self._pins.get(inbound.pin), estimate)
         if plan is None:
+            self._refuse_everywhere(route, inbound)
             body = not_found_body(_clip(inbound.pin, 200))["error"]
             raise NotFound(body["message"], param="previous_response_id", code=body["code"])
         if plan.saturated:
@@ -209,6 +210,20 @@ class CompletionEndpoint:
                 f"The backend that holds '{_clip(inbound.pin)}' is at its concurrency limit.", retry_after=1
             )
         return plan
+
+
+    def _refuse_everywhere(self, route: RouteConfig, inbound: Inbound) -> None:
+        """When no backend of the route could take the request at all (Responses' previous_response_id
+        where every engine is translated), raise that 400 rather than a 404 for the id."""
+        refusal: GatewayError | None = None
+        for kind in self._router.engine_kinds(route):
+            try:
+                self.protocol.target(inbound, kind)
+                return
+            except InvalidRequest as err:
+                refusal = err
+        if refusal is not None:
+            raise refusal
 
 
 async def _listen_for_disconnect(receive: Receive, ex: Exchange, ending: RequestEnd) -> None:

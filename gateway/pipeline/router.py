@@ -133,6 +133,10 @@ class Router:
         ready = found.healthy and found.has_room()
         return Plan(found.pool, "pinned", [found] if ready else [], facts, fp, saturated=found.healthy and not ready)
 
+    def engine_kinds(self, route: RouteConfig) -> set[str]:
+        """The APIs (adapter kinds) the route's backends speak."""
+        return {b.adapter.kind for pool in route.pools for b in self._registry.pools.get(pool, ())}
+
     def order(self, pool: str, key: BalanceKey, now: float | None = None) -> tuple[list[Backend], bool, str | None]:
         """The pool's healthy backends with capacity, in the balancer's order; whether some healthy
         backend was left out only for being full; and the conversation's learned home, if any."""
