@@ -147,6 +147,8 @@ def _part(text: str, logprobs: list[object] | None) -> JsonObj:
 
 def _finish(api: SimApi, obj: JsonObj, item_id: str, seq: SimSequence, text: str) -> JsonObj:
     cut = seq.finish_reason == "length"
+    if api.params.flavour == "sglang":  # SGLang fills in the text format only in the finished object
+        obj = obj | {"text": {"format": {"type": "text"}}}
     return obj | {
         "status": "incomplete" if cut else "completed",
         "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
@@ -254,7 +256,9 @@ async def _stream(
     await emit("response.content_part.done", {**where, "part": _part(text, None)})
     await emit("response.output_item.done", {"item": _message(api, item_id, text, "done"), "output_index": 0})
     final = _finish(api, obj, item_id, seq, text)
-    await emit("response.completed", {"response": final})
+    # SGLang ends a cut answer with response.incomplete, as OpenAI does; vLLM says response.completed.
+    cut = api.params.flavour == "sglang" and final["status"] == "incomplete"
+    await emit("response.incomplete" if cut else "response.completed", {"response": final})
     await conn.send_chunk(b"")
     return final
 

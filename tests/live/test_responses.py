@@ -39,7 +39,9 @@ def paths(stack: Stack, name: str) -> list[str]:
 async def test_sdk_create_and_stream(make_stack: StackFactory, flavour: str, upstream: str) -> None:
     stack = await make_stack({"p": [sim_params(flavour)]})
     async with sdk(stack) as client:
-        plain = await client.responses.create(model="tiny", input="hello", instructions="Be brief.", max_output_tokens=5)
+        plain = await client.responses.create(
+            model="tiny", input="hello", instructions="Be brief.", max_output_tokens=5
+        )
         events = [e.type async for e in await client.responses.create(model="tiny", input="hi", stream=True)]
         async with client.responses.stream(model="tiny", input="hi", max_output_tokens=4) as stream:
             deltas = [e.delta async for e in stream if e.type == "response.output_text.delta"]
