@@ -39,6 +39,7 @@ class SimThread:
         asyncio.run_coroutine_threadsafe(self.sim.stop(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
+        self._loop.close()
 
 
 @pytest.fixture(scope="module")
