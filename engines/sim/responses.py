@@ -1,7 +1,7 @@
 """The simulator's OpenAI Responses API, for the flavours whose real engine serves it (vLLM, SGLang):
 POST /v1/responses (a body, or the event stream), GET /v1/responses/{id}, POST .../cancel, and
 previous_response_id. Every answer is stored (as vLLM with VLLM_ENABLE_RESPONSES_API_STORE=1, and
-SGLang by default), up to a bound; shapes follow tests/fixtures/{vllm/protocols,sglang/proto_*}."""
+SGLang with --enable-response-store), up to a bound; shapes follow tests/fixtures/{vllm/protocols,sglang/proto_*}."""
 
 from __future__ import annotations
 

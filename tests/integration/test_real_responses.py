@@ -243,10 +243,13 @@ def test_tokenize_and_detokenize_equal_the_engines(
     assert detok.status_code == 200 and detok.json() == {"prompt": direct_text}
 
 
-def test_sglang_responses_and_tokenize(sglang_server: Any) -> None:
+def test_sglang_responses_and_tokenize(engine_launcher: Any) -> None:
+    # SGLang 0.5.23 stores responses only with --enable-response-store (else GET and
+    # previous_response_id are its 400 "Response store is disabled"), though its answers say "store": true.
+    sglang_server = engine_launcher("sglang", context_length=1024, extra_args=["--enable-response-store"])
     data = {
         "pools": {"s": {"engine": "sglang", "backends": [{"url": sglang_server.base_url, "model": "tiny"}]}},
-        "routes": [{"model": "sg", "pools": ["s"], "caps": {"max_context_tokens": 4096}}],
+        "routes": [{"model": "sg", "pools": ["s"], "caps": {"max_context_tokens": 1024}}],
     }
     with running_gateway(data) as gw:
         client = openai.OpenAI(base_url=gw.base_url + "/v1", api_key="none", max_retries=0, timeout=120)
@@ -261,8 +264,12 @@ def test_sglang_responses_and_tokenize(sglang_server: Any) -> None:
         assert last.response.output_text == "".join(deltas)
         assert gw.metric("gateway_time_to_first_token_seconds_count") == 1
         assert gw.gateway.responses.get(plain.id) is not None  # recorded from SGLang's answer
-        got = client.responses.retrieve(plain.id)  # SGLang stores every response by default
+        got = client.responses.retrieve(plain.id)
         assert got.id == plain.id
+        follow = client.responses.with_raw_response.create(
+            model="sg", input="And then?", previous_response_id=plain.id, max_output_tokens=3
+        )
+        assert follow.headers["x-gateway-rule"] == "pinned" and follow.parse().previous_response_id == plain.id
         client.close()
         text = "Hello gateway."
         tok = httpx.post(gw.base_url + "/tokenize", json={"model": "sg", "prompt": text}, timeout=30).json()
