@@ -86,7 +86,7 @@ class Attempts:
             self._capacity.acquire(backend)
             gauge.inc()
             try:
-                target = protocol.target(inbound, backend.adapter.kind)  # a simulator: the API it speaks
+                target = protocol.target(inbound, backend.engine)
                 upstream_model = backend.model or model
                 body = bodies.get((upstream_model, target.path))
                 if body is None:

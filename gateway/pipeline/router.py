@@ -134,8 +134,8 @@ class Router:
         return Plan(found.pool, "pinned", [found] if ready else [], facts, fp, saturated=found.healthy and not ready)
 
     def engine_kinds(self, route: RouteConfig) -> set[str]:
-        """The APIs (adapter kinds) the route's backends speak."""
-        return {b.adapter.kind for pool in route.pools for b in self._registry.pools.get(pool, ())}
+        """The engine kinds of the route's backends."""
+        return {b.engine for pool in route.pools for b in self._registry.pools.get(pool, ())}
 
     def order(self, pool: str, key: BalanceKey, now: float | None = None) -> tuple[list[Backend], bool, str | None]:
         """The pool's healthy backends with capacity, in the balancer's order; whether some healthy

@@ -132,6 +132,9 @@ class ResponsesProtocol:
             return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
         return usage
 
+    def error_status(self, err: GatewayError) -> int:
+        return err.status_code
+
     def error_body(self, err: GatewayError) -> bytes:
         return err.body_bytes()
 

@@ -119,6 +119,9 @@ class TokenizeProtocol:
     def usage(self, parsed: Any) -> dict[str, Any] | None:
         return None
 
+    def error_status(self, err: GatewayError) -> int:
+        return err.status_code
+
     def error_body(self, err: GatewayError) -> bytes:
         return err.body_bytes()
 

@@ -35,9 +35,17 @@ def paths(stack: Stack, name: str) -> list[str]:
     return [r.path for r in stack.sims[name].stats.recent]
 
 
-@pytest.mark.parametrize(("flavour", "upstream"), [("vllm", "/v1/responses"), ("llamacpp", "/v1/chat/completions")])
-async def test_sdk_create_and_stream(make_stack: StackFactory, flavour: str, upstream: str) -> None:
-    stack = await make_stack({"p": [sim_params(flavour)]})
+# Pools say the engine the simulator imitates: an `engine: sim` pool is translated (a generic engine).
+VLLM = {"engine": "vllm"}
+
+
+@pytest.mark.parametrize(
+    ("engine", "flavour", "upstream"),
+    [("vllm", "vllm", "/v1/responses"), ("llamacpp", "llamacpp", "/v1/chat/completions"),
+     ("sim", "vllm", "/v1/chat/completions")],
+)  # fmt: skip
+async def test_sdk_create_and_stream(make_stack: StackFactory, engine: str, flavour: str, upstream: str) -> None:
+    stack = await make_stack({"p": [sim_params(flavour)]}, pool_p={"engine": engine})
     async with sdk(stack) as client:
         plain = await client.responses.create(
             model="tiny", input="hello", instructions="Be brief.", max_output_tokens=5
@@ -59,7 +67,7 @@ async def test_sdk_create_and_stream(make_stack: StackFactory, flavour: str, ups
 
 
 async def test_previous_response_id_reaches_the_backend_that_holds_it(make_stack: StackFactory) -> None:
-    stack = await make_stack({"p": [sim_params(), sim_params()]}, pool_p={"balancer": "round_robin"})
+    stack = await make_stack({"p": [sim_params(), sim_params()]}, pool_p={"balancer": "round_robin", **VLLM})
     async with sdk(stack) as client:
         first = await client.responses.with_raw_response.create(model="tiny", input="remember 7", max_output_tokens=3)
         home = first.headers["x-gateway-backend"]
@@ -84,7 +92,7 @@ async def test_previous_response_id_reaches_the_backend_that_holds_it(make_stack
 
 
 async def test_unknown_id_is_openai_404(make_stack: StackFactory) -> None:
-    stack = await make_stack()
+    stack = await make_stack(pool_vllm=VLLM)
     async with sdk(stack) as client:
         with pytest.raises(openai.NotFoundError) as posted:
             await client.responses.create(model="tiny", input="x", previous_response_id="resp_nope")
@@ -100,7 +108,7 @@ async def test_unknown_id_is_openai_404(make_stack: StackFactory) -> None:
 
 
 async def test_previous_response_id_on_translated_backends_is_a_400(make_stack: StackFactory) -> None:
-    stack = await make_stack({"p": [sim_params("llamacpp")]})
+    stack = await make_stack({"p": [sim_params("llamacpp")]}, pool_p={"engine": "llamacpp"})
     async with sdk(stack) as client:
         with pytest.raises(openai.BadRequestError) as err:
             await client.responses.create(model="tiny", input="x", previous_response_id="resp_abc")
@@ -109,7 +117,7 @@ async def test_previous_response_id_on_translated_backends_is_a_400(make_stack: 
 
 
 async def test_store_bound_forgets_the_oldest_id(make_stack: StackFactory) -> None:
-    stack = await make_stack(limits={"max_response_ids": 2})
+    stack = await make_stack(limits={"max_response_ids": 2}, pool_vllm=VLLM)
     async with sdk(stack) as client:
         ids = [(await client.responses.create(model="tiny", input="x", max_output_tokens=2)).id for _ in range(3)]
         with pytest.raises(openai.NotFoundError):
@@ -119,7 +127,7 @@ async def test_store_bound_forgets_the_oldest_id(make_stack: StackFactory) -> No
 
 
 async def test_backend_gone_is_404(make_stack: StackFactory) -> None:
-    stack = await make_stack({"p": [sim_params(), sim_params()]}, pool_p={"balancer": "first_healthy"})
+    stack = await make_stack({"p": [sim_params(), sim_params()]}, pool_p={"balancer": "first_healthy", **VLLM})
     async with sdk(stack) as client:
         rid = (await client.responses.create(model="tiny", input="x", max_output_tokens=2)).id
         assert stack.gateway.responses.get(rid) == "p-0"
@@ -136,7 +144,7 @@ async def test_backend_gone_is_404(make_stack: StackFactory) -> None:
 
 async def test_over_cap_is_400_and_max_output_tokens_is_clamped(make_stack: StackFactory) -> None:
     caps = {"max_context_tokens": 200, "max_tokens_limit": 16}
-    stack = await make_stack(routes=[{"model": "tiny", "pools": ["vllm"], "caps": caps}])
+    stack = await make_stack(routes=[{"model": "tiny", "pools": ["vllm"], "caps": caps}], pool_vllm=VLLM)
     async with sdk(stack) as client:
         with pytest.raises(openai.BadRequestError) as err:
             await client.responses.create(model="tiny", input="word " * 400, instructions="Be brief.")
@@ -152,7 +160,7 @@ async def test_over_cap_is_400_and_max_output_tokens_is_clamped(make_stack: Stac
 
 @pytest.mark.parametrize("flavour", ["vllm", "llamacpp"])
 async def test_client_leaving_a_responses_stream_frees_the_engine(make_stack: StackFactory, flavour: str) -> None:
-    stack = await make_stack({"p": [sim_params(flavour)]})
+    stack = await make_stack({"p": [sim_params(flavour)]}, pool_p={"engine": flavour})
     body = {"model": "tiny", "input": "go on", "max_output_tokens": 500, "stream": True}
     reader, writer = await raw_request(
         stack.base_url, "/v1/responses", json.dumps(body).encode(), {"x-sim-fault": "chunk_delay=0.02"}
@@ -170,8 +178,14 @@ async def test_client_leaving_a_responses_stream_frees_the_engine(make_stack: St
 
 async def test_tokenize_and_detokenize(make_stack: StackFactory) -> None:
     stack = await make_stack(
-        {"v": [sim_params()], "l": [sim_params("llamacpp")]},
-        routes=[{"model": "tiny", "pools": ["v"]}, {"model": "small", "pools": ["l"]}],
+        {"v": [sim_params()], "l": [sim_params("llamacpp")], "s": [sim_params()]},
+        routes=[
+            {"model": "tiny", "pools": ["v"]},
+            {"model": "small", "pools": ["l"]},
+            {"model": "sim", "pools": ["s"]},
+        ],
+        pool_v=VLLM,
+        pool_l={"engine": "llamacpp"},
     )
     async with httpx.AsyncClient(base_url=stack.base_url, timeout=10) as client:
         native = await client.post("/tokenize", json={"model": "tiny", "prompt": "The gateway routes"})
@@ -181,11 +195,13 @@ async def test_tokenize_and_detokenize(make_stack: StackFactory) -> None:
         back = await client.post("/detokenize", json={"model": "tiny", "tokens": tokens})
         back_l = await client.post("/detokenize", json={"model": "small", "tokens": translated.json()["tokens"]})
         missing = await client.post("/tokenize", json={"model": "tiny"})
+        none = await client.post("/tokenize", json={"model": "sim", "prompt": "x"})
     assert native.status_code == translated.status_code == 200
     assert native.json()["count"] == len(tokens) == translated.json()["count"]
     assert translated.json()["tokens"] == tokens  # the same tokenizer, in vLLM's shape either way
     assert back.json() == {"prompt": "The gateway routes"} == back_l.json()
     assert chat.status_code == 400 and chat.json()["error"]["param"] == "messages"
     assert missing.status_code == 400 and missing.json()["error"]["type"] == "invalid_request_error"
+    assert none.status_code == 400 and none.json()["error"]["code"] == "tokenize_not_supported"  # engine: sim
     assert stack.sims["l-0"].stats.recent[0].body == {"content": "The gateway routes", "add_special": True}
     await asyncio.sleep(0)
