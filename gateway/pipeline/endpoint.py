@@ -211,7 +211,6 @@ class CompletionEndpoint:
             )
         return plan
 
-
     def _refuse_everywhere(self, route: RouteConfig, inbound: Inbound) -> None:
         """When no backend of the route could take the request at all (Responses' previous_response_id
         where every engine is translated), raise that 400 rather than a 404 for the id."""

@@ -4,8 +4,8 @@ the store's bound, or its backend has left the fleet. Engine errors come back Op
 
 from __future__ import annotations
 
+import itertools
 import json
-import logging
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -17,7 +17,6 @@ from gateway.pipeline.headers import for_backend, upstream_headers
 from gateway.protocols.response_store import ResponseStore, not_found_body
 from gateway.upstream import UpstreamClient
 
-log = logging.getLogger(__name__)
 _MAX_BYTES = 16 << 20
 
 
@@ -36,6 +35,7 @@ class StoredResponses:
         self._registry = registry
         self._upstream = upstream
         self._timeout_s = timeout_s
+        self._ids = itertools.count(1)
 
     async def get(self, request: Request) -> Response:
         return await self._forward(request, cancel=False)
@@ -59,7 +59,8 @@ class StoredResponses:
         path = f"/v1/responses/{response_id}" + ("/cancel" if cancel else "")
         query = request.url.query
         url = backend.url + path + (f"?{query}" if query and not cancel else "")
-        headers = for_backend(upstream_headers(dict(request.headers), "stored"), backend)
+        request_id = request.headers.get("x-request-id") or f"stored-{next(self._ids):08x}"
+        headers = for_backend(upstream_headers(dict(request.headers), request_id[:128]), backend)
         headers.pop("content-length", None)
         try:
             if cancel:
