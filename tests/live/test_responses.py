@@ -205,3 +205,46 @@ async def test_tokenize_and_detokenize(make_stack: StackFactory) -> None:
     assert none.status_code == 400 and none.json()["error"]["code"] == "tokenize_not_supported"  # engine: sim
     assert stack.sims["l-0"].stats.recent[0].body == {"content": "The gateway routes", "add_special": True}
     await asyncio.sleep(0)
+
+
+async def test_shared_prefix_rule_sees_instructions_and_input(make_stack: StackFactory) -> None:
+    pools = {"vllm": [sim_params()], "sglang": [sim_params("sglang")]}
+    routes = [
+        {
+            "model": "tiny",
+            "pools": ["vllm", "sglang"],
+            "rules": [
+                {"name": "agent", "when": {"shared_prefix": True}, "pool": "sglang"},
+                {"name": "default", "pool": "vllm"},
+            ],
+        }
+    ]
+    shared = {"routing": {"shared_prefix": {"min_seen": 2, "min_prefix_chars": 256, "block_chars": 64}}}
+    stack = await make_stack(pools=pools, routes=routes, pool_vllm=VLLM, pool_sglang={"engine": "sglang"}, **shared)
+    agent = "You are a tool-using agent. " * 30
+    async with sdk(stack) as client:
+        rules = []
+        for turn in range(3):
+            raw = await client.responses.with_raw_response.create(
+                model="tiny", instructions=agent, input=f"step {turn}", max_output_tokens=2
+            )
+            rules.append((raw.headers["x-gateway-pool"], raw.headers["x-gateway-rule"]))
+        one_off = await client.responses.with_raw_response.create(model="tiny", input="a question", max_output_tokens=2)
+    assert rules[1:] == [("sglang", "agent")] * 2  # the shared instructions were seen twice
+    assert one_off.headers["x-gateway-rule"] == "default"
+    assert [r.path for r in stack.sims["sglang-0"].stats.recent] == ["/v1/responses"] * 2  # SGLang serves it natively
+
+
+@pytest.mark.parametrize("engine", ["vllm", "llamacpp"])
+async def test_a_stream_cut_mid_way_ends_with_an_error_event(make_stack: StackFactory, engine: str) -> None:
+    stack = await make_stack({"p": [sim_params(engine)]}, pool_p={"engine": engine})
+    body = {"model": "tiny", "input": "go on", "max_output_tokens": 50, "stream": True}
+    async with httpx.AsyncClient(timeout=10) as client:
+        r = await client.post(stack.base_url + "/v1/responses", json=body, headers={"x-sim-fault": "die_after=3"})
+    assert r.status_code == 200
+    events = [e for e in r.text.split("\n\n") if e]
+    assert events[-1].startswith("event: error\n")
+    assert json.loads(events[-1].split("data: ", 1)[1])["code"] == "upstream_error_midstream"
+    names = [e.split("\n", 1)[0].removeprefix("event: ") for e in events]
+    assert "response.completed" not in names and names.count("response.output_text.delta") == 3, names
+    assert stack.total("gateway_requests_total", outcome="upstream_error_midstream") == 1
