@@ -84,13 +84,13 @@ class EngineAdapter(Protocol):
     def health_path(self) -> str: ...
 
     @property
-    def metrics_path(self) -> str:
-        """Where the engine's Prometheus text lives; "" when it has none (don't scrape)."""
+    def native_apis(self) -> frozenset[str]:
+        """The client protocols it serves itself ("messages", "count_tokens", "responses", "tokenize")."""
         ...
 
     @property
-    def native_apis(self) -> frozenset[str]:
-        """Protocols the engine serves well itself: "messages", "count_tokens", "responses", "tokenize"."""
+    def metrics_path(self) -> str:
+        """Where the engine's Prometheus text lives; "" when it has none (don't scrape)."""
         ...
 
     def parse_load(self, metrics_text: str, now: float) -> EngineLoad: ...
