@@ -140,6 +140,9 @@ async def _stream(api: SimApi, conn: HttpConn, fault: Fault, g: Gen, seq: SimSeq
         ("transfer-encoding", "chunked"),
     ]
     await conn.send_head(200, api.common_headers(conn, fault) + headers)
+    if fault.empty_stream:
+        await conn.send_chunk(b"")
+        return
     if fault.first_event_error:
         await _event(conn, dumps(api.flavour.error(500, "simulated error in the first event")))
         await _event(conn, b"[DONE]")
