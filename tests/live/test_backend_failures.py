@@ -27,10 +27,6 @@ async def post(base: str, body: dict[str, object], fault: str = "") -> httpx.Res
         return await client.post(base + "/v1/chat/completions", json=body, headers=headers)
 
 
-def backend(stack: Stack, name: str) -> object:
-    return next(b for b in stack.gateway.registry if b.name == name)
-
-
 def failures(stack: Stack, name: str) -> int:
     return next(b.consecutive_failures for b in stack.gateway.registry if b.name == name)
 
