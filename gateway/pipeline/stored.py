@@ -65,7 +65,7 @@ class StoredResponses:
         try:
             if cancel:
                 resp = await self._upstream.post(url, b"", headers, backend.name, self._timeout_s)
-                status, raw = resp.status, await resp.read(self._timeout_s)
+                status, raw = resp.status, await resp.read(self._timeout_s, _MAX_BYTES)
                 resp.release()
             else:
                 status, raw = await self._upstream.get(url, headers, self._timeout_s, backend.name, _MAX_BYTES)
