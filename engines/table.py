@@ -116,6 +116,11 @@ def normalise_error(status: int, body: bytes, client_faults: tuple[str, ...] = (
         if status == 429:
             return NormalisedError(429, message, "rate_limit_error", code, param)
         return NormalisedError(status, message, "invalid_request_error", code, param)
+    if status == 501:
+        # The engine does not serve this endpoint (llama-server's /v1/embeddings without --embeddings):
+        # a deployment's gap, not a failing backend. The engine's own words say which flag is missing.
+        message = message or f"the backend does not support this request (HTTP 501): {_snippet(body)}"
+        return NormalisedError(501, message, "invalid_request_error", "not_supported", param)
     if message and any(fault in lower for fault in client_faults):
         return NormalisedError(400, message, "invalid_request_error", None, param)
     return NormalisedError(502, f"upstream error (HTTP {status}): {message or _snippet(body)}", "upstream_error", None)

@@ -107,10 +107,11 @@ class Attempts:
                 if resp.status != 200:
                     # The adapter reads the error first (docs/reliability.md defect 2): llama.cpp
                     # answers some client mistakes with a 500, and those are the client's: a 400,
-                    # no retry, no failure counted against the backend.
+                    # no retry, no failure counted against the backend. A 501 (the engine does not
+                    # serve this endpoint) is the deployment's gap: passed on, not retried, not counted.
                     error = await _error_from(resp, backend)
                     status = error.status_code
-                    if status >= 500 or status == 429:
+                    if (status >= 500 and status != 501) or status == 429:
                         last_error = error
                         self._health.failure(
                             backend, "status_429" if status == 429 else "status_5xx", penalise=status >= 500

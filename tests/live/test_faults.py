@@ -119,6 +119,22 @@ async def test_400_is_not_retried_and_not_penalised(make_stack: StackFactory) ->
     assert stack.gateway.registry.by_name["vllm-0"].consecutive_failures == 0
 
 
+async def test_501_not_supported_is_passed_on_and_never_ejects(make_stack: StackFactory) -> None:
+    """llama-server answers /v1/embeddings with 501 unless started with --embeddings: the client gets
+    that 501 in the engine's words, and no number of such requests takes the backend out of rotation."""
+    stack = await make_stack(
+        pools={"vllm": [sim_params("llamacpp", fault="status=501"), sim_params("llamacpp")]},
+        pool_vllm={"balancer": "first_healthy"},
+    )
+    for _ in range(6):
+        r = await post(stack.base_url, chat(max_tokens=1))
+        assert r.status_code == 501
+        assert error_of(r)["code"] == "not_supported"
+    assert stack.sims["vllm-1"].stats.seen == 0  # not retried: every backend of a pool runs alike
+    assert stack.gateway.registry.by_name["vllm-0"].healthy
+    assert stack.gateway.registry.by_name["vllm-0"].consecutive_failures == 0
+
+
 @pytest.mark.parametrize("body", ["html", "truncated", "empty"])
 async def test_non_json_200_is_502(make_stack: StackFactory, body: str) -> None:
     stack = await make_stack(pools={"vllm": [sim_params(fault=f"status=502;body={body}")]})
