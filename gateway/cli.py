@@ -16,6 +16,9 @@ from gateway.config import ConfigError, GatewayConfig, load_config
 from gateway.tools import kvcommand
 
 DEFAULT_CONFIG = "gateway.yaml"
+# Each engine's own default port, as the shipped gateway.yaml expects it: `gateway sim --flavour X` then
+# `gateway serve` needs no config change.
+SIM_DEFAULT_PORTS = {"vllm": 8000, "sglang": 30000, "llamacpp": 8080}
 
 
 def _load(path: str) -> GatewayConfig | None:
@@ -26,6 +29,10 @@ def _load(path: str) -> GatewayConfig | None:
         for problem in exc.problems:
             print(f"  {problem}", file=sys.stderr)
         return None
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 def _serving(main: Coroutine[Any, Any, None], port: int) -> int:
@@ -64,7 +71,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     if config is None:
         return 1
     backends = sum(len(p.backends) for p in config.pools.values())
-    print(f"{args.file}: OK ({len(config.pools)} pools, {backends} backends, {len(config.routes)} routes)")
+    counts = ", ".join(_count(n, word) for n, word in ((len(config.pools), "pool"), (backends, "backend"), (len(config.routes), "route")))
+    print(f"{args.file}: OK ({counts})")
     return 0
 
 
@@ -100,11 +108,12 @@ def cmd_sim(args: argparse.Namespace) -> int:
     if args.fault:
         overrides["fault"] = args.fault
     params = SimParams.preset(args.preset, **overrides)
+    port = SIM_DEFAULT_PORTS[args.flavour] if args.port is None else args.port
     banner = (
         f"simulated {args.flavour} engine (a simulator, not a real engine) on "
-        f"http://{args.host}:{args.port}, model {args.model!r}, preset {args.preset!r}"
+        f"http://{args.host}:{port}, model {args.model!r}, preset {args.preset!r}"
     )
-    return _serving(run_sim(params, args.host, args.port, banner), args.port)
+    return _serving(run_sim(params, args.host, port, banner), port)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -148,12 +157,14 @@ def parser() -> argparse.ArgumentParser:
     e.set_defaults(func=cmd_explain)
 
     sm = sub.add_parser("sim", help="run a simulated engine (a simulator, not a real engine)")
-    sm.add_argument("--flavour", default="vllm", choices=["vllm", "sglang", "llamacpp"])
-    sm.add_argument("--host", default="127.0.0.1")
-    sm.add_argument("--port", type=int, default=8000)
-    sm.add_argument("--model", default="tiny")
-    sm.add_argument("--preset", default="demo", choices=["demo", "fast", "seed"])
-    sm.add_argument("--context-limit", type=int, default=None)
+    sm.add_argument("--flavour", default="vllm", choices=["vllm", "sglang", "llamacpp"], help="the engine it imitates")
+    sm.add_argument("--host", default="127.0.0.1", help="listen address")
+    sm.add_argument(
+        "--port", type=int, default=None, help="listen port; default the engine's own: 8000, 30000, 8080 (gateway.yaml's)"
+    )
+    sm.add_argument("--model", default="tiny", help="the model name it serves")
+    sm.add_argument("--preset", default="demo", choices=["demo", "fast", "seed"], help="speed and sizes")
+    sm.add_argument("--context-limit", type=int, default=None, help="context limit in tokens (the preset's: 4096)")
     sm.add_argument("--fault", default="", help="default fault spec, as in the x-sim-fault header")
     sm.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     sm.set_defaults(func=cmd_sim)

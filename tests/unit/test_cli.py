@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
 from gateway.cli import main
+from gateway.config import load_config
 
 pytestmark = pytest.mark.unit
 
@@ -16,12 +20,34 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_check_ok_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check", str(ROOT / "gateway.yaml")]) == 0
-    assert "OK (3 pools, 3 backends, 1 routes)" in capsys.readouterr().out
+    assert "OK (3 pools, 3 backends, 1 route)" in capsys.readouterr().out
     bad = tmp_path / "bad.yaml"
     bad.write_text("pools: {p: {engine: nope, backends: []}}\nroutes: [{model: m, pools: [q]}]\n")
     assert main(["check", str(bad)]) == 1
     err = capsys.readouterr().err
     assert "pools.p.engine" in err and "pools.p.backends" in err
+
+
+def test_sim_listens_where_the_shipped_config_looks_for_its_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`gateway sim --flavour X` then `gateway serve` works unchanged: each flavour's default port is
+    the one the shipped gateway.yaml's pool of that engine points at."""
+    import gateway.cli
+
+    config = load_config(ROOT / "gateway.yaml")
+    shipped = {pool.engine: urlsplit(pool.backends[0].url).port for pool in config.pools.values()}
+    ports: list[int] = []
+
+    def not_serving(main: Coroutine[Any, Any, None], port: int) -> int:
+        main.close()  # the simulator's coroutine, never started
+        ports.append(port)
+        return 0
+
+    monkeypatch.setattr(gateway.cli, "_serving", not_serving)
+    for flavour in ("vllm", "sglang", "llamacpp"):
+        assert main(["sim", "--flavour", flavour]) == 0
+        assert ports.pop() == shipped[flavour]
+    assert main(["sim", "--flavour", "llamacpp", "--port", "9000"]) == 0
+    assert ports.pop() == 9000
 
 
 def test_plan_pushes_the_cap_into_each_engine(capsys: pytest.CaptureFixture[str]) -> None:
