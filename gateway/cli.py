@@ -71,7 +71,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     if config is None:
         return 1
     backends = sum(len(p.backends) for p in config.pools.values())
-    counts = ", ".join(_count(n, word) for n, word in ((len(config.pools), "pool"), (backends, "backend"), (len(config.routes), "route")))
+    sizes = ((len(config.pools), "pool"), (backends, "backend"), (len(config.routes), "route"))
+    counts = ", ".join(_count(n, word) for n, word in sizes)
     print(f"{args.file}: OK ({counts})")
     return 0
 
@@ -159,9 +160,7 @@ def parser() -> argparse.ArgumentParser:
     sm = sub.add_parser("sim", help="run a simulated engine (a simulator, not a real engine)")
     sm.add_argument("--flavour", default="vllm", choices=["vllm", "sglang", "llamacpp"], help="the engine it imitates")
     sm.add_argument("--host", default="127.0.0.1", help="listen address")
-    sm.add_argument(
-        "--port", type=int, default=None, help="listen port; default the engine's own: 8000, 30000, 8080 (gateway.yaml's)"
-    )
+    sm.add_argument("--port", type=int, default=None, help="listen port; default the engine's own (8000, 30000, 8080)")
     sm.add_argument("--model", default="tiny", help="the model name it serves")
     sm.add_argument("--preset", default="demo", choices=["demo", "fast", "seed"], help="speed and sizes")
     sm.add_argument("--context-limit", type=int, default=None, help="context limit in tokens (the preset's: 4096)")
