@@ -112,7 +112,12 @@ def normalise_error(status: int, body: bytes, client_faults: tuple[str, ...] = (
             )
         message = message or f"the backend rejected the request (HTTP {status}): {_snippet(body)}"
         if status == 404:
-            return NormalisedError(404, message, "invalid_request_error", "model_not_found", param)
+            if "model" in lower:
+                return NormalisedError(404, message, "invalid_request_error", "model_not_found", param)
+            # A bare "Not Found" is a path the engine does not serve (vLLM's /v1/embeddings for a
+            # generative model), not an unknown model: saying model_not_found would mislead.
+            message = f"the backend does not serve this endpoint (HTTP 404): {message}"
+            return NormalisedError(404, message, "invalid_request_error", "not_found", param)
         if status == 429:
             return NormalisedError(429, message, "rate_limit_error", code, param)
         return NormalisedError(status, message, "invalid_request_error", code, param)
