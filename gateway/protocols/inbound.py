@@ -88,7 +88,8 @@ def decode_json(
         raise InvalidRequest(f"The request body is not valid JSON: {exc}", code="invalid_json") from None
     if not isinstance(value, dict):
         raise InvalidRequest("The request body must be a JSON object.", code="invalid_json")
-    if not _depth_ok(value, max_depth):
+    # Nesting needs a `{` or `[` per level: a body with no more of them than the limit is not walked.
+    if len(raw) - len(raw.translate(None, b"{[")) > max_depth and not _depth_ok(value, max_depth):
         raise InvalidRequest(f"The JSON body is nested too deeply (limit {max_depth}).", code="json_too_deep")
     if (b"\\ud" in raw or b"\\uD" in raw) and _has_lone_surrogate(value):
         raise InvalidRequest("The request body contains an unpaired UTF-16 surrogate.", code="invalid_json")
