@@ -74,11 +74,16 @@ class UpstreamResponse:
 
     async def read(self, limit: float) -> bytes:
         """The whole body, within `limit` seconds."""
+        resp = self._resp
         try:
+            if self._content.is_eof() and getattr(resp, "_writer", None) is None:
+                # All of it is buffered and the request is written: read() cannot wait, so no
+                # timer (an asyncio.timeout costs ~4 us; most non-stream answers arrive whole).
+                return await resp.read()
             async with asyncio.timeout(limit):
-                return await self._resp.read()
+                return await resp.read()
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            self._resp.close()
+            resp.close()
             raise translate(exc, self._what) from None
 
     async def read_error(self, max_bytes: int) -> bytes:
