@@ -23,8 +23,9 @@ from typing import Any
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).parent))
-import bodies  # noqa: E402
-import configs  # noqa: E402
+import bodies
+import configs
+
 
 class _Content:
     def __init__(self, chunks: list[bytes]) -> None:
