@@ -22,7 +22,7 @@ Kind = Literal["chat", "completions", "embeddings"]
 LENGTH_FIELDS = ("max_tokens", "max_completion_tokens", "n_predict", "max_new_tokens", "num_predict")
 _UNBOUNDED = (-1, -2)
 """llama.cpp's and Ollama's "no limit" (-1) and "until the context is full" (-2): no number asked for."""
-_STEERING_FIELDS = ("api_base", "base_url", "api_key", "api_version", "custom_llm_provider", "organization")
+STEERING_FIELDS = ("api_base", "base_url", "api_key", "api_version", "custom_llm_provider", "organization")
 _MAX_MODEL_CHARS = 256
 _MAX_INT = 2**31 - 1
 
@@ -116,6 +116,21 @@ def _has_lone_surrogate(value: Any) -> bool:
     except UnicodeEncodeError:
         return True
     return False
+
+
+def positive_int(body: dict[str, Any], field: str) -> int | None:
+    """A positive integer field, or None when absent; InvalidRequest naming the field otherwise."""
+    return _positive_int(body, field)
+
+
+def check_model(body: dict[str, Any]) -> str:
+    """The body's model name; InvalidRequest when it is missing, too long or not printable."""
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("'model' is required and must be a string.", param="model", code="invalid_type")
+    if len(model) > _MAX_MODEL_CHARS or not model.isprintable():
+        raise InvalidRequest("'model' is too long or contains control characters.", param="model", code="invalid_value")
+    return model
 
 
 def _length_limit(body: dict[str, Any]) -> tuple[int | None, tuple[str, ...]]:
@@ -247,5 +262,5 @@ def parse_request(
         messages=messages,
         has_tools=bool(tools),
         user=user,
-        stripped=tuple(name for name in _STEERING_FIELDS if name in body),
+        stripped=tuple(name for name in STEERING_FIELDS if name in body),
     )
