@@ -24,6 +24,7 @@ class LoadScraper:
         self._upstream = upstream
         self._metrics = metrics
         self._config = config
+        self._refused: set[str] = set()  # backends told about once, until a scrape works again
 
     async def scrape(self, backend: Backend) -> None:
         path = backend.adapter.metrics_path
@@ -35,7 +36,18 @@ class LoadScraper:
         except GatewayError:
             return
         if status != 200:
+            if backend.name not in self._refused:
+                self._refused.add(backend.name)
+                log.warning(
+                    "backend %s (%s): GET %s answered %d, so its load is not scraped and the balancer uses the"
+                    " gateway's own in-flight count (llama-server needs --metrics, SGLang --enable-metrics)",
+                    backend.name,
+                    backend.engine,
+                    path,
+                    status,
+                )
             return
+        self._refused.discard(backend.name)
         load = backend.adapter.parse_load(raw.decode("utf-8", "replace"), time.monotonic())
         self._registry.set_load(backend, load)
         for signal, value in load.signals().items():
