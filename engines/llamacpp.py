@@ -65,4 +65,6 @@ ADAPTER = TableAdapter(
     launch=launch,
     # Some builds answer malformed JSON with a 500 where others send a 400.
     client_faults=("json.exception.parse_error",),
+    # Measured on llama.cpp b1-7e4c0a9 (PR #17570): /v1/messages and count_tokens.
+    native_apis=frozenset({"messages", "count_tokens"}),
 )

@@ -49,4 +49,6 @@ ADAPTER = TableAdapter(
     load=LOAD,
     tokenizer=TOKENIZER,
     launch=launch,
+    # Measured on SGLang 0.5.23 (tests/fixtures/sglang/proto_*): /v1/messages and count_tokens.
+    native_apis=frozenset({"messages", "count_tokens"}),
 )

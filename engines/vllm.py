@@ -36,4 +36,6 @@ ADAPTER = TableAdapter(
     load=LOAD,
     tokenizer=MessagesTokenizer(),
     launch=launch,
+    # Measured on vLLM 0.32 (docs/protocols.md): /v1/messages and count_tokens answer natively.
+    native_apis=frozenset({"messages", "count_tokens"}),
 )

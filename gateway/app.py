@@ -31,7 +31,7 @@ from gateway.pipeline.enforcer import CapEnforcer
 from gateway.pipeline.relay import Relay
 from gateway.pipeline.router import Router
 from gateway.policy.rules import Platform
-from gateway.protocols.catalog import PROTOCOLS
+from gateway.protocols.catalog import ENDPOINTS
 from gateway.serving.lifecycle import Lifecycle
 from gateway.serving.routes import Endpoints, http_exception
 from gateway.upstream import UpstreamClient
@@ -142,7 +142,7 @@ def _assemble(gw: Gateway) -> _Served:
             gw.accounting,
             gw.lifecycle,
         )
-        for protocol in PROTOCOLS.values()
+        for protocol in ENDPOINTS
     ]
     routes = Endpoints(gw.config, gw.registry, gw.metrics, gw.scraper, gw.lifecycle, gw.access).routes(endpoints)
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_exception})

@@ -107,7 +107,7 @@ class CompletionEndpoint:
         try:
             if self._lifecycle.draining:
                 raise NoHealthyBackend("The gateway is shutting down.", code="draining", retry_after=1)
-            client = self._access.authenticate(headers.get("authorization"))
+            client = self._access.authenticate(headers.get("authorization"), headers.get("x-api-key"))
             raw = await _read_body(receive, headers, self._config.limits.max_body_bytes)
             if raw is None:
                 ex.disconnect_stage = "before_backend"
@@ -146,13 +146,11 @@ class CompletionEndpoint:
             if ex.outcome is None:
                 ex.outcome = _outcome_for(err)
             if not ex.response_started:
-                ex.status = err.status_code
                 await _send_error(send, protocol, err, ex)
         except Exception:  # a bug: still one error body and one outcome, never a bare traceback
             log.exception("request %s failed", ex.request_id)
             ex.outcome = "internal_error"
             if not ex.response_started:
-                ex.status = 500
                 bug = GatewayError("The gateway failed on this request.", code="internal_error")
                 await _send_error(send, protocol, bug, ex)
         except asyncio.CancelledError:
@@ -166,7 +164,6 @@ class CompletionEndpoint:
                 try:
                     await self._relay.cut(ex, send, protocol, cut)
                 except GatewayError as err:  # stalled before the client got its headers
-                    ex.status = err.status_code
                     await _send_error(send, protocol, err, ex)
             elif self._lifecycle.draining:
                 # The drain deadline passed with this request still running: tell the client, once.
@@ -278,7 +275,6 @@ async def _send_shutdown(send: Send, protocol: ProtocolAdapter, ex: Exchange) ->
                 }
             )
         else:
-            ex.status = err.status_code
             await _send_error(send, protocol, err, ex)
     except Exception:  # the connection may already be gone; nothing more to tell
         return
@@ -286,5 +282,6 @@ async def _send_shutdown(send: Send, protocol: ProtocolAdapter, ex: Exchange) ->
 
 async def _send_error(send: Send, protocol: ProtocolAdapter, err: GatewayError, ex: Exchange) -> None:
     body = protocol.error_body(err)
-    await send({"type": "http.response.start", "status": err.status_code, "headers": error_headers(err, body, ex)})
+    ex.status = protocol.error_status(err)
+    await send({"type": "http.response.start", "status": ex.status, "headers": error_headers(err, body, ex)})
     await send({"type": "http.response.body", "body": body, "more_body": False})

@@ -1,4 +1,5 @@
-"""The protocol adapters the gateway serves, by api name (a Literal plus a lookup table)."""
+"""The protocol adapters the gateway serves, by api name (a Literal plus a lookup table), and every
+endpoint the pipeline serves (a protocol may have more than one: Messages and its count_tokens)."""
 
 from __future__ import annotations
 
@@ -9,5 +10,10 @@ from gateway.protocols.base import Api, ProtocolAdapter
 from gateway.protocols.chat import CHAT
 from gateway.protocols.completions import COMPLETIONS
 from gateway.protocols.embeddings import EMBEDDINGS
+from gateway.protocols.messages import COUNT_TOKENS, MESSAGES
 
-PROTOCOLS: Mapping[Api, ProtocolAdapter] = MappingProxyType({p.api: p for p in (CHAT, COMPLETIONS, EMBEDDINGS)})
+PROTOCOLS: Mapping[Api, ProtocolAdapter] = MappingProxyType(
+    {p.api: p for p in (CHAT, COMPLETIONS, EMBEDDINGS, MESSAGES)}
+)
+ENDPOINTS: tuple[ProtocolAdapter, ...] = (*PROTOCOLS.values(), COUNT_TOKENS)
+"""Every path the pipeline serves, one adapter each."""

@@ -15,7 +15,7 @@ Kind = Literal["chat", "completions", "embeddings"]
 
 # Fields a client might use to steer the upstream URL or credentials (LiteLLM #37053). The backend
 # URL and key always come from config, so these are dropped before forwarding.
-_STEERING_FIELDS = ("api_base", "base_url", "api_key", "api_version", "custom_llm_provider", "organization")
+STEERING_FIELDS = ("api_base", "base_url", "api_key", "api_version", "custom_llm_provider", "organization")
 _MAX_MODEL_CHARS = 256
 _MAX_INT = 2**31 - 1
 
@@ -219,5 +219,5 @@ def parse_request(
         messages=messages,
         has_tools=bool(tools),
         user=user,
-        stripped=tuple(name for name in _STEERING_FIELDS if name in body),
+        stripped=tuple(name for name in STEERING_FIELDS if name in body),
     )

@@ -46,7 +46,7 @@ class Endpoints:
 
     async def models(self, request: Request) -> Response:
         try:
-            client = self._access.authenticate(request.headers.get("authorization"))
+            client = self._access.authenticate(request.headers.get("authorization"), request.headers.get("x-api-key"))
         except GatewayError as err:
             return error_response(err)
         data = [
