@@ -73,7 +73,9 @@ async def test_over_cap_is_an_anthropic_bad_request(make_stack: StackFactory) ->
     assert isinstance(body, dict) and body["type"] == "error"
     assert body["error"]["type"] == "invalid_request_error"
     assert "context length" in body["error"]["message"]  # OpenAI's phrase, kept
-    assert stack.sims["vllm-0"].stats.recent == type(stack.sims["vllm-0"].stats.recent)()  # never sent
+    # Counted exactly with the engine's tokenizer near the cap, and never sent for generation.
+    assert [r.path for r in stack.sims["vllm-0"].stats.recent] == ["/tokenize"]
+    assert stack.total("gateway_context_cap_total", action="rejected", method="exact") == 1
 
 
 async def test_clamps_max_tokens(make_stack: StackFactory) -> None:
