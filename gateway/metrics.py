@@ -149,7 +149,9 @@ class GatewayMetrics:
         self.output_tokens = Counter(
             "gateway_output_tokens", "Output (completion) tokens relayed.", (*_REQ, "api", "source"), registry=r
         )
-        self.prompt_tokens = Counter("gateway_prompt_tokens", "Prompt tokens processed.", (*_REQ, "api", "source"), registry=r)
+        self.prompt_tokens = Counter(
+            "gateway_prompt_tokens", "Prompt tokens processed.", (*_REQ, "api", "source"), registry=r
+        )
         self.requests = Counter(
             "gateway_requests", "Requests by their one terminal outcome.", (*_REQ, "api", "outcome"), registry=r
         )

@@ -52,7 +52,9 @@ class AnthropicProtocol:
         messages = body.get("messages")
         if isinstance(messages, list) and len(messages) > limits.max_messages:
             raise InvalidRequest(
-                f"messages: too many ({len(messages)} > {limits.max_messages}).", param="messages", code="too_many_messages"
+                f"messages: too many ({len(messages)} > {limits.max_messages}).",
+                param="messages",
+                code="too_many_messages",
             )
         stream = body.get("stream", False)
         if stream is None:

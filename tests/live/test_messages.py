@@ -48,7 +48,10 @@ async def test_sdk_non_stream_and_stream_translated(make_stack: StackFactory, en
     # Both lenses, on the Messages api label.
     assert stack.total("gateway_requests_total", outcome="success", api="messages") == 2
     assert stack.total("gateway_time_to_first_token_seconds_count") == 1
-    assert stack.total("gateway_output_tokens_total", source="usage") == message.usage.output_tokens + final.usage.output_tokens
+    assert (
+        stack.total("gateway_output_tokens_total", source="usage")
+        == message.usage.output_tokens + final.usage.output_tokens
+    )
 
 
 async def test_count_tokens_translated_equals_the_engines_count(make_stack: StackFactory) -> None:
@@ -121,7 +124,7 @@ async def test_x_api_key_auth_and_headers(make_stack: StackFactory) -> None:
             stack.base_url + "/v1/messages", json=MSG, headers={"authorization": "Bearer sk-client-1"}
         )
     assert ok.status_code == 200 and bearer.status_code == 200
-    sent = list(stack.sims["vllm-0"].stats.recent)[0].headers
+    sent = next(iter(stack.sims["vllm-0"].stats.recent)).headers
     assert sent.get("anthropic-version") and sent.get("anthropic-beta") == "tools-2024"
     assert "x-api-key" not in sent and "sk-client-1" not in json.dumps(dict(sent))
 
