@@ -69,9 +69,11 @@ async def test_over_cap_is_an_anthropic_bad_request(make_stack: StackFactory) ->
     routes = [{"model": "tiny", "pools": ["vllm"], "caps": {"max_context_tokens": 64}}]
     stack = await make_stack(routes=routes)
     client = sdk(stack.base_url)
-    with pytest.raises(anthropic.BadRequestError) as info:
-        await client.messages.create(**{**MSG, "messages": [{"role": "user", "content": "word " * 400}]})
-    await client.close()
+    try:
+        with pytest.raises(anthropic.BadRequestError) as info:
+            await client.messages.create(**{**MSG, "messages": [{"role": "user", "content": "word " * 400}]})
+    finally:
+        await client.close()
     body = info.value.body
     assert isinstance(body, dict) and body["type"] == "error"
     assert body["error"]["type"] == "invalid_request_error"
@@ -110,8 +112,10 @@ async def test_errors_have_anthropics_shape(make_stack: StackFactory, body: Any,
 
 async def test_x_api_key_auth_and_headers(make_stack: StackFactory) -> None:
     stack = await make_stack(keys=[{"name": "a", "key": "sk-client-1"}])
+    wrong = sdk(stack.base_url, "wrong")
     with pytest.raises(anthropic.AuthenticationError) as info:
-        await sdk(stack.base_url, "wrong").messages.create(**MSG)
+        await wrong.messages.create(**MSG)
+    await wrong.close()
     assert info.value.status_code == 401 and isinstance(info.value.body, dict)
     assert info.value.body["error"]["type"] == "authentication_error"
     client = sdk(stack.base_url, "sk-client-1")
