@@ -31,7 +31,8 @@ from gateway.pipeline.enforcer import CapEnforcer
 from gateway.pipeline.relay import Relay
 from gateway.pipeline.router import Router
 from gateway.policy.rules import Platform
-from gateway.protocols.catalog import ENDPOINTS
+from gateway.protocols.base import ProtocolAdapter
+from gateway.protocols.catalog import ENDPOINTS, REASONING_COPY
 from gateway.serving.lifecycle import Lifecycle
 from gateway.serving.routes import Endpoints, http_exception
 from gateway.upstream import UpstreamClient
@@ -128,6 +129,14 @@ class _Served:
     last: a retired gateway's session is closed only once this is 0."""
 
 
+def _variants(protocol: ProtocolAdapter, config: GatewayConfig) -> dict[str, ProtocolAdapter] | None:
+    """The routes of this endpoint that get another adapter (reasoning_content: copy), or None."""
+    variant = REASONING_COPY.get(protocol.api)
+    if variant is None or variant.path != protocol.path:
+        return None
+    return {r.label: variant for r in config.routes if r.reasoning_content == "copy"} or None
+
+
 def _assemble(gw: Gateway) -> _Served:
     endpoints = [
         CompletionEndpoint(
@@ -141,6 +150,7 @@ def _assemble(gw: Gateway) -> _Served:
             gw.relay,
             gw.accounting,
             gw.lifecycle,
+            _variants(protocol, gw.config),
         )
         for protocol in ENDPOINTS
     ]

@@ -222,6 +222,9 @@ class RouteConfig(_Model):
     pools: Annotated[tuple[str, ...], Field(min_length=1)]
     rules: tuple[RuleConfig, ...] = ()
     caps: CapsConfig = CapsConfig()
+    reasoning_content: Literal["off", "copy"] = "off"
+    """On chat completions: `copy` sets `reasoning_content` from `reasoning` (vLLM 0.32 sends only the
+    latter; many clients read the former) in answers and stream chunks; `off` relays the bytes as sent."""
 
     @property
     def label(self) -> str:

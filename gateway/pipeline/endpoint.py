@@ -11,7 +11,7 @@ import asyncio
 import itertools
 import logging
 import os
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 from gateway.access.gate import AccessGate
@@ -73,8 +73,11 @@ class CompletionEndpoint:
         relay: Relay,
         accounting: Accounting,
         lifecycle: Lifecycle,
+        variants: Mapping[str, ProtocolAdapter] | None = None,
     ) -> None:
         self.protocol = protocol
+        # Route label -> the adapter that route gets instead (reasoning_content: copy); empty for most.
+        self._variants: Mapping[str, ProtocolAdapter] = variants or {}
         self.path = protocol.path
         self._config = config
         self._access = access
@@ -119,6 +122,8 @@ class CompletionEndpoint:
                     f"The model '{_clip(inbound.model)}' does not exist on this gateway.", param="model"
                 )
             ex.route, ex.model, ex.stream = route.label, inbound.model, inbound.stream
+            if self._variants:
+                protocol = self._variants.get(route.label, protocol)
             await self._access.admit(client, inbound.model)  # the key's model allowlist and limits
             watcher = asyncio.create_task(_listen_for_disconnect(receive, ex, ending))
             view = protocol.estimate_view(inbound)

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from gateway.protocols.base import Api, ProtocolAdapter
-from gateway.protocols.chat import CHAT
+from gateway.protocols.chat import CHAT, CHAT_REASONING
 from gateway.protocols.completions import COMPLETIONS
 from gateway.protocols.embeddings import EMBEDDINGS
 from gateway.protocols.messages import COUNT_TOKENS, MESSAGES
@@ -17,3 +17,5 @@ PROTOCOLS: Mapping[Api, ProtocolAdapter] = MappingProxyType(
 )
 ENDPOINTS: tuple[ProtocolAdapter, ...] = (*PROTOCOLS.values(), COUNT_TOKENS)
 """Every path the pipeline serves, one adapter each."""
+REASONING_COPY: Mapping[Api, ProtocolAdapter] = MappingProxyType({"chat": CHAT_REASONING})
+"""The adapter a route with `reasoning_content: copy` gets instead, by api (chat only)."""

@@ -14,12 +14,13 @@ from typing import Any
 import anthropic
 import httpx
 import pytest
+from anthropic.types import MessageParam
 
 from tests.integration.gateway_harness import GatewayThread, engine_metric, idle_within, running_gateway, wait_for
 
 KEY = "sk-messages-client"
 ENGINES = ("llamacpp", "vllm", "sglang")
-PROMPT = [{"role": "user", "content": "Say something about the gateway."}]
+PROMPT: list[MessageParam] = [{"role": "user", "content": "Say something about the gateway."}]
 
 
 @pytest.fixture(scope="module", params=ENGINES)
@@ -88,7 +89,7 @@ def test_count_tokens_equals_the_engines(gateway: GatewayThread, engine: Any, ro
 
 @pytest.mark.parametrize("route", ["native", "generic"])
 def test_over_cap_is_an_anthropic_bad_request(gateway: GatewayThread, engine: Any, route: str) -> None:
-    long = [{"role": "user", "content": "word " * (engine.max_context * 2)}]
+    long: list[MessageParam] = [{"role": "user", "content": "word " * (engine.max_context * 2)}]
     with client(gateway) as c, pytest.raises(anthropic.BadRequestError) as info:
         c.messages.create(model=route, max_tokens=8, messages=long)
     body = info.value.body
@@ -99,7 +100,7 @@ def test_over_cap_is_an_anthropic_bad_request(gateway: GatewayThread, engine: An
 def test_engine_context_error_is_normalised(gateway: GatewayThread, engine: Any) -> None:
     """No cap on the route: the engine itself refuses, and its error (vLLM's "BadRequestError",
     llama.cpp's OpenAI-shaped one) reaches the client in Anthropic's shape."""
-    long = [{"role": "user", "content": "word " * (engine.max_context * 2)}]
+    long: list[MessageParam] = [{"role": "user", "content": "word " * (engine.max_context * 2)}]
     for stream in (False, True):
         with client(gateway) as c, pytest.raises(anthropic.BadRequestError) as info:
             if stream:
