@@ -1,6 +1,7 @@
 """Anthropic Messages through the real pipeline (a real uvicorn in front of simulated engines), with the
-official `anthropic` SDK as the client. The simulator has no native /v1/messages, so these drive the
-translation to chat completions: on `engine: sim` and on a generic `engine: openai` backend."""
+official `anthropic` SDK as the client: native on `engine: sim` (the simulator serves /v1/messages as
+vLLM does), translated to chat completions on a generic `engine: openai` backend (the same simulator,
+driven as an OpenAI-compatible server)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def sdk(base_url: str, key: str = "unused") -> anthropic.AsyncAnthropic:
 
 
 @pytest.mark.parametrize("engine", ["sim", "openai"])
-async def test_sdk_non_stream_and_stream_translated(make_stack: StackFactory, engine: str) -> None:
+async def test_sdk_non_stream_and_stream(make_stack: StackFactory, engine: str) -> None:
     extra = {} if engine == "sim" else {"pool_vllm": {"engine": "openai", "flavour": "vllm"}}
     stack = await make_stack(**extra)
     client = sdk(stack.base_url)
@@ -42,9 +43,13 @@ async def test_sdk_non_stream_and_stream_translated(make_stack: StackFactory, en
     assert final.usage.output_tokens > 0
     await client.close()
     recent = list(stack.sims["vllm-0"].stats.recent)
-    assert [r.path for r in recent] == ["/v1/chat/completions"] * 2
-    assert recent[0].body["messages"][0] == {"role": "system", "content": "be brief"}
-    assert recent[0].body["user"] == "u1"
+    if engine == "sim":  # native: the client's bytes, unchanged
+        assert [r.path for r in recent] == ["/v1/messages"] * 2
+        assert recent[0].body["system"] == "be brief" and recent[0].body["metadata"] == {"user_id": "u1"}
+    else:
+        assert [r.path for r in recent] == ["/v1/chat/completions"] * 2
+        assert recent[0].body["messages"][0] == {"role": "system", "content": "be brief"}
+        assert recent[0].body["user"] == "u1"
     # Both lenses, on the Messages api label.
     assert stack.total("gateway_requests_total", outcome="success", api="messages") == 2
     assert stack.total("gateway_time_to_first_token_seconds_count") == 1
@@ -54,15 +59,19 @@ async def test_sdk_non_stream_and_stream_translated(make_stack: StackFactory, en
     )
 
 
-async def test_count_tokens_translated_equals_the_engines_count(make_stack: StackFactory) -> None:
-    stack = await make_stack()
+@pytest.mark.parametrize("engine", ["sim", "openai"])
+async def test_count_tokens_equals_the_engines_count(make_stack: StackFactory, engine: str) -> None:
+    extra = {} if engine == "sim" else {"pool_vllm": {"engine": "openai", "flavour": "vllm"}}
+    stack = await make_stack(**extra)
     client = sdk(stack.base_url)
     counted = await client.messages.count_tokens(model="tiny", messages=MSG["messages"], system="be brief")
     await client.close()
+    path = "/v1/messages/count_tokens" if engine == "sim" else "/v1/chat/completions"
+    assert [r.path for r in stack.sims["vllm-0"].stats.recent] == [path]
     chat = {"model": "tiny", "messages": [{"role": "system", "content": "be brief"}, *MSG["messages"]]}
     async with httpx.AsyncClient() as http:
-        engine = (await http.post(stack.sims["vllm-0"].base_url + "/tokenize", json=chat)).json()["count"]
-    assert counted.input_tokens == engine > 0
+        own = (await http.post(stack.sims["vllm-0"].base_url + "/tokenize", json=chat)).json()["count"]
+    assert counted.input_tokens == own > 0
 
 
 async def test_over_cap_is_an_anthropic_bad_request(make_stack: StackFactory) -> None:
@@ -83,9 +92,11 @@ async def test_over_cap_is_an_anthropic_bad_request(make_stack: StackFactory) ->
     assert stack.total("gateway_context_cap_total", action="rejected", method="exact") == 1
 
 
-async def test_clamps_max_tokens(make_stack: StackFactory) -> None:
+@pytest.mark.parametrize("engine", ["sim", "openai"])
+async def test_clamps_max_tokens(make_stack: StackFactory, engine: str) -> None:
     routes = [{"model": "tiny", "pools": ["vllm"], "caps": {"max_tokens_limit": 3}}]
-    stack = await make_stack(routes=routes)
+    extra = {} if engine == "sim" else {"pool_vllm": {"engine": "openai", "flavour": "vllm"}}
+    stack = await make_stack(routes=routes, **extra)
     async with httpx.AsyncClient() as http:
         r = await http.post(stack.base_url + "/v1/messages", json={**MSG, "max_tokens": 50})
     assert r.status_code == 200 and r.headers["x-gateway-max-tokens-clamped"] == "3"
@@ -149,8 +160,10 @@ async def test_overload_is_529_overloaded_error_and_rate_limit_429(make_stack: S
     assert int(limited.headers["retry-after"]) >= 1
 
 
-async def test_client_leaving_a_translated_stream_aborts_the_engine(make_stack: StackFactory) -> None:
-    stack = await make_stack(pools={"vllm": [sim_params(base_step_s=0.05)]})
+@pytest.mark.parametrize("engine", ["sim", "openai"])
+async def test_client_leaving_a_stream_aborts_the_engine(make_stack: StackFactory, engine: str) -> None:
+    extra = {} if engine == "sim" else {"pool_vllm": {"engine": "openai", "flavour": "vllm"}}
+    stack = await make_stack(pools={"vllm": [sim_params(base_step_s=0.05)]}, **extra)
     body = json.dumps({**MSG, "max_tokens": 200, "stream": True}).encode()
     reader, writer = await raw_request(stack.base_url, "/v1/messages", body)
     seen = b""
@@ -160,4 +173,5 @@ async def test_client_leaving_a_translated_stream_aborts_the_engine(make_stack: 
     writer.close()
     sim = stack.sims["vllm-0"]
     await sim.wait_until(lambda s: s.active == 0, timeout=1)
+    assert sim.stats.aborted == 1
     await stack.wait_metric("gateway_client_disconnects_total", 1, stage="mid_stream")
