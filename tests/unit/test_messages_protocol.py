@@ -91,3 +91,15 @@ def test_count_tokens_translated_reads_the_engines_prompt_count() -> None:
     assert COUNT_TOKENS.usage(answer) is None
     native = COUNT_TOKENS.target(inbound, "llamacpp")
     assert native.path == "/v1/messages/count_tokens" and COUNT_TOKENS.encode(inbound, NO_EDITS, None, native) is raw
+
+
+def test_reasoning_content_off_survives_yaml() -> None:
+    import yaml
+
+    from gateway.config import parse_config
+
+    data = yaml.safe_load("pools: {p: {engine: vllm, backends: [{url: 'http://x'}]}}\nroutes:\n"
+                          "  - {model: a, pools: [p], reasoning_content: off}\n"
+                          "  - {model: b, pools: [p], reasoning_content: copy}\n")  # fmt: skip
+    config = parse_config(data, env={})
+    assert [r.reasoning_content for r in config.routes] == ["off", "copy"]
