@@ -18,7 +18,7 @@ from gateway.access.memory_store import MemoryStore
 from gateway.asgi import Receive, Scope, Send
 from gateway.config import GatewayConfig
 from gateway.fleet.capacity import Capacity
-from gateway.fleet.health import HealthChecker, HealthState
+from gateway.fleet.health import HealthChecker, HealthState, PassiveHealth
 from gateway.fleet.registry import Registry
 from gateway.fleet.scraper import LoadScraper
 from gateway.hostinfo import resolve_platform
@@ -93,7 +93,17 @@ def build(
     router = Router(config, registry, metrics, resolved)
     accounting = Accounting(metrics)
     timeouts = config.timeouts
-    relay = Relay(metrics, accounting, lifecycle, timeouts.idle_s, timeouts.keepalive_s, timeouts.first_byte_s)
+    passive = PassiveHealth(health_state, metrics)
+    relay = Relay(
+        metrics,
+        accounting,
+        lifecycle,
+        passive,
+        timeouts.idle_s,
+        timeouts.keepalive_s,
+        timeouts.first_byte_s,
+        config.limits.max_response_bytes,
+    )
     return Gateway(
         config=config,
         metrics=metrics,
@@ -106,9 +116,7 @@ def build(
         accounting=accounting,
         admission=Admission(capacity, router, config.limits, metrics),
         relay=relay,
-        attempts=Attempts(
-            capacity, health_state, upstream, router, relay, metrics, accounting, config.retry.max_attempts
-        ),
+        attempts=Attempts(capacity, passive, upstream, router, relay, metrics, accounting, config.retry.max_attempts),
         health=HealthChecker(registry, health_state, upstream, metrics, config.health),
         scraper=LoadScraper(registry, upstream, metrics, config.health),
         lifecycle=lifecycle,

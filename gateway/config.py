@@ -108,6 +108,9 @@ class LimitsConfig(_Model):
     """How long a request may wait for a slot when every backend of its pool is at max_in_flight."""
     max_queue: Annotated[int, Field(ge=0)] = 1000
     """Requests waiting for a slot, gateway-wide; past it a request gets 429 at once."""
+    max_response_bytes: Annotated[int, Field(ge=1024)] = 64 * 1024 * 1024
+    """A non-stream upstream answer is read whole, up to this; past it the client gets 502
+    `response_too_large` and the backend a failure (streams are relayed chunk by chunk, unbounded)."""
 
 
 class TimeoutsConfig(_Model):

@@ -73,6 +73,10 @@ class SimApi:
         if fault.stall_after is not None:
             await conn.gone.wait()
             raise ClientGone
+        if fault.short_body and status == 200:
+            await conn.send(body[: len(body) // 2])
+            await conn.kill(False)
+            raise Killed
         await conn.send(body)
 
     async def send_json(self, conn: HttpConn, fault: Fault, status: int, obj: Any) -> None:
@@ -96,7 +100,10 @@ class SimApi:
             page = f"<html><head><title>{status}</title></head><body><h1>{status} {phrase}</h1></body></html>"
             await self.send(conn, fault, status, page.encode(), "text/html")
             return
-        body = dumps(self.flavour.error(status, f"simulated error {status}"))
+        message = f"simulated error {status}"
+        if fault.client_error:
+            message = "[json.exception.out_of_range.406] number overflow parsing '1e400'"
+        body = dumps(self.flavour.error(status, message))
         if fault.body == "truncated":
             body = body[: len(body) // 2]
         elif fault.body == "empty":

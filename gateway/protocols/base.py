@@ -42,6 +42,9 @@ class Inbound:
     translated: Mapping[str, Any] | None = None
     """A translating protocol's chat-shaped body, computed once in parse, for its estimate_view and
     encode (None for the OpenAI protocols, whose body is already chat-shaped)."""
+    length_fields: tuple[str, ...] = ()
+    """Every output-length field the client set (engines' own too: `n_predict`, ...); a max_tokens
+    edit writes them all, so none can carry more than the cap allows."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ from gateway.pipeline.edits import NO_EDITS, Edits, apply_edits, needs_encoding
 from gateway.protocols.anthropic_errors import error_body, error_body_bytes, from_gateway_error
 from gateway.protocols.base import Api, Inbound, SseObserver, StreamTransform, Target
 from gateway.protocols.frames import encode_event
-from gateway.protocols.inbound import STEERING_FIELDS, decode_json
+from gateway.protocols.inbound import STEERING_FIELDS, _length_limit, decode_json
 from gateway.protocols.messages_stream import MessagesStream
 from gateway.protocols.messages_translate import chat_to_message, count_tokens_body, messages_to_chat
 from gateway.protocols.native_observers import NativeObserver
@@ -62,6 +62,12 @@ class AnthropicProtocol:
         if not isinstance(stream, bool):
             raise InvalidRequest("stream: must be a boolean.", param="stream", code="invalid_type")
         max_tokens = self._max_tokens(body)
+        length_fields: tuple[str, ...] = ()
+        if max_tokens is not None:
+            # An engine's own length field (llama.cpp's n_predict, ...) passes through natively: the cap
+            # sees the largest, and a clamp writes them all (docs/reliability.md defect 6).
+            largest, length_fields = _length_limit(body)
+            max_tokens = max(max_tokens, largest or 0)
         chat = messages_to_chat(body)  # validates every block; the estimate and the translation read it
         tools = body.get("tools")
         return Inbound(
@@ -79,6 +85,7 @@ class AnthropicProtocol:
             user=chat.get("user"),
             stripped=tuple(name for name in STEERING_FIELDS if name in body),
             translated=chat,
+            length_fields=length_fields,
         )
 
     def _max_tokens(self, body: Mapping[str, Any]) -> int | None:
@@ -123,7 +130,7 @@ class MessagesProtocol(AnthropicProtocol):
         if target.native:
             if not needs_encoding(edits, inbound.model, model):
                 return inbound.raw
-            return apply_edits(inbound.body, edits, "max_tokens", model)
+            return apply_edits(inbound.body, edits, "max_tokens", model, inbound.length_fields)
         assert inbound.translated is not None
         return apply_edits(inbound.translated, edits, "max_tokens", model)
 

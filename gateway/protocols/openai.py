@@ -52,7 +52,7 @@ class OpenAIProtocol:
     def encode(self, inbound: Inbound, edits: Edits, model: str | None, target: Target) -> bytes:
         if not needs_encoding(edits, inbound.model, model):
             return inbound.raw
-        return apply_edits(inbound.body, edits, inbound.max_tokens_field, model)
+        return apply_edits(inbound.body, edits, inbound.max_tokens_field, model, inbound.length_fields)
 
     def observer(self, inbound: Inbound, edits: Edits, target: Target) -> SseObserver:
         return StreamObserver(strip_usage=edits.include_usage)

@@ -103,3 +103,11 @@ def test_reasoning_content_off_survives_yaml() -> None:
                           "  - {model: b, pools: [p], reasoning_content: copy}\n")  # fmt: skip
     config = parse_config(data, env={})
     assert [r.reasoning_content for r in config.routes] == ["off", "copy"]
+
+
+def test_an_engines_own_length_field_is_capped_too() -> None:
+    raw = json.dumps({**BODY, "n_predict": 5000}).encode()
+    inbound = MESSAGES.parse(raw, LIMITS)
+    assert inbound.max_tokens == 5000  # the cap sees the largest
+    sent = json.loads(MESSAGES.encode(inbound, Edits(max_tokens=4), None, MESSAGES.target(inbound, "llamacpp")))
+    assert (sent["max_tokens"], sent["n_predict"]) == (4, 4)
