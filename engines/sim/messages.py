@@ -37,6 +37,7 @@ class Shapes:
     anthropic_errors: bool  # errors in Anthropic's envelope (with the engine's own types); else OpenAI's
     max_tokens_required: bool
     missing_in_anthropic_shape: bool = False  # SGLang: invalid_request_error "max_tokens: Field required"
+    too_long_in_stream: bool = False  # SGLang: a stream that is too long is a 200: message_start, error, message_stop
 
 
 _ALL = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
@@ -70,6 +71,7 @@ SHAPES = {
         True,
         True,
         missing_in_anthropic_shape=True,
+        too_long_in_stream=True,
     ),
 }
 _STOP = {"length": "max_tokens", "stop": "end_turn"}
@@ -165,8 +167,13 @@ class MessagesApi:
         allowed, too_long = api.flavour.check_length(len(ids), max_tokens)
         if too_long is not None:
             status, error = too_long
+            in_stream = self.shapes.too_long_in_stream and body.get("stream") is True
             if self.shapes.anthropic_errors:
-                too_long = self._error(status, _message(error))
+                kind = "invalid_request_error" if in_stream else "BadRequestError"
+                too_long = self._error(status, _message(error), kind)
+            if in_stream:
+                await self._refuse_in_stream(conn, fault, too_long[1], body.get("model"))
+                return
             await api.send_json(conn, fault, *too_long)
             return
         seq = SimSequence(
@@ -186,6 +193,18 @@ class MessagesApi:
                 await self._whole(conn, fault, seq, event, message_id, model)
         finally:
             api.engine.abort(seq)  # a no-op once finished; stops the work at once when the client left
+
+    async def _refuse_in_stream(self, conn: HttpConn, fault: Fault, error: JsonObj, model: Any) -> None:
+        """SGLang's way: the stream opens, then says what is wrong."""
+        headers = [("content-type", self.api.flavour.sse_type), ("cache-control", "no-cache")]
+        await conn.send_head(200, [*self.api.common_headers(conn, fault), *headers, ("transfer-encoding", "chunked")])
+        start = {"id": self.shapes.id_prefix + uuid.uuid4().hex[: self.shapes.id_hex], "type": "message"}
+        start |= {"role": "assistant", "content": [], "model": model, "usage": {"input_tokens": 0, "output_tokens": 0}}
+        await _event(conn, "message_start", {"type": "message_start", "message": start})
+        await asyncio.sleep(0.01)  # its own read: the relay must look past the preamble, not get lucky
+        await _event(conn, "error", error)
+        await _event(conn, "message_stop", {"type": "message_stop"})
+        await conn.send_chunk(b"")
 
     async def _whole(
         self, conn: HttpConn, fault: Fault, seq: SimSequence, event: asyncio.Event, message_id: str, model: Any

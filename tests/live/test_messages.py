@@ -175,3 +175,22 @@ async def test_client_leaving_a_stream_aborts_the_engine(make_stack: StackFactor
     await sim.wait_until(lambda s: s.active == 0, timeout=1)
     assert sim.stats.aborted == 1
     await stack.wait_metric("gateway_client_disconnects_total", 1, stage="mid_stream")
+
+
+async def test_an_engine_that_refuses_after_opening_its_stream_gives_a_400(make_stack: StackFactory) -> None:
+    """SGLang answers an over-long Messages stream with 200, message_start, then an error event (its
+    recording: tests/fixtures/sglang/proto_messages_too_long_stream.sse.txt; the simulator does the
+    same, each in its own write). The gateway looks past the preamble, so the client gets an HTTP 400."""
+    stack = await make_stack(pools={"vllm": [sim_params("sglang", context_limit=64)]})
+    client = sdk(stack.base_url)
+    long = [{"role": "user", "content": "word " * 400}]
+    try:
+        with pytest.raises(anthropic.BadRequestError) as info:
+            async with client.messages.stream(**{**MSG, "messages": long}) as stream:
+                await stream.get_final_message()
+    finally:
+        await client.close()
+    body = info.value.body
+    assert isinstance(body, dict) and body["error"]["type"] == "invalid_request_error"
+    assert "context length" in body["error"]["message"]
+    assert stack.total("gateway_requests_total", outcome="rejected_4xx", api="messages") == 1

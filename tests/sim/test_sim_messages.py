@@ -23,6 +23,7 @@ NAMES = (
     "messages_count_tokens",
     "messages_count_tokens_long",
     "error_messages_too_long",
+    "error_messages_too_long_stream",
     "error_messages_missing_max_tokens",
 )
 SGLANG = {
@@ -31,6 +32,7 @@ SGLANG = {
     "messages_count_tokens": "proto_messages_count_tokens",
     "messages_count_tokens_long": "proto_messages_count_tokens_too_long",
     "error_messages_too_long": "proto_messages_too_long",
+    "error_messages_too_long_stream": "proto_messages_too_long_stream",
     "error_messages_missing_max_tokens": "proto_messages_missing_max_tokens",
 }
 
