@@ -198,7 +198,7 @@ class MessagesApi:
         """SGLang's way: the stream opens, then says what is wrong."""
         headers = [("content-type", self.api.flavour.sse_type), ("cache-control", "no-cache")]
         await conn.send_head(200, [*self.api.common_headers(conn, fault), *headers, ("transfer-encoding", "chunked")])
-        start = {"id": self.shapes.id_prefix + uuid.uuid4().hex[: self.shapes.id_hex], "type": "message"}
+        start: JsonObj = {"id": self.shapes.id_prefix + uuid.uuid4().hex[: self.shapes.id_hex], "type": "message"}
         start |= {"role": "assistant", "content": [], "model": model, "usage": {"input_tokens": 0, "output_tokens": 0}}
         await _event(conn, "message_start", {"type": "message_start", "message": start})
         await asyncio.sleep(0.01)  # its own read: the relay must look past the preamble, not get lucky
