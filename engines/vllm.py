@@ -36,6 +36,7 @@ ADAPTER = TableAdapter(
     load=LOAD,
     tokenizer=MessagesTokenizer(),
     launch=launch,
-    # Measured on vLLM 0.32 (docs/protocols.md): /v1/messages and count_tokens answer natively.
-    native_apis=frozenset({"messages", "count_tokens"}),
+    # Measured on vLLM 0.32 (docs/protocols.md): /v1/messages and count_tokens; /v1/responses (stream too;
+    # GET by id and previous_response_id need VLLM_ENABLE_RESPONSES_API_STORE=1), /tokenize and /detokenize.
+    native_apis=frozenset({"messages", "count_tokens", "responses", "tokenize"}),
 )

@@ -109,6 +109,7 @@ class Relay:
     ) -> None:
         raw = await resp.read(max(self._idle_s, self._first_token_s), self._max_response_bytes)
         resp.release()
+        ex.answer_id = protocol.answer_id(raw)
         try:
             parsed = json.loads(raw)
         except ValueError:
@@ -168,6 +169,7 @@ class Relay:
             if not first and not ex.response_started:  # a clean, empty stream: retried by the attempts
                 raise StreamCut("upstream_error_midstream", f"Backend {ex.backend_name} sent an empty stream.")
             t0 = clock()
+            ex.answer_id = protocol.answer_id(first)
             out = observer.feed(first, t0) if first else b""
             # Once per request: a native observer may ask to see past the stream's preamble first.
             while first and not ex.response_started and getattr(observer, "holding", False):

@@ -11,9 +11,11 @@ from gateway.protocols.chat import CHAT, CHAT_REASONING
 from gateway.protocols.completions import COMPLETIONS
 from gateway.protocols.embeddings import EMBEDDINGS
 from gateway.protocols.messages import COUNT_TOKENS, MESSAGES
+from gateway.protocols.responses import RESPONSES
+from gateway.protocols.tokenize import DETOKENIZE, TOKENIZE
 
 PROTOCOLS: Mapping[Api, ProtocolAdapter] = MappingProxyType(
-    {p.api: p for p in (CHAT, COMPLETIONS, EMBEDDINGS, MESSAGES)}
+    {p.api: p for p in (CHAT, COMPLETIONS, EMBEDDINGS, MESSAGES, RESPONSES, TOKENIZE, DETOKENIZE)}
 )
 ENDPOINTS: tuple[ProtocolAdapter, ...] = (*PROTOCOLS.values(), COUNT_TOKENS)
 """Every path the pipeline serves, one adapter each."""

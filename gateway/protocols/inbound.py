@@ -111,6 +111,21 @@ def _has_lone_surrogate(value: Any) -> bool:
     return False
 
 
+def positive_int(body: dict[str, Any], field: str) -> int | None:
+    """A positive integer field, or None when absent; InvalidRequest naming the field otherwise."""
+    return _positive_int(body, field)
+
+
+def check_model(body: dict[str, Any]) -> str:
+    """The body's model name; InvalidRequest when it is missing, too long or not printable."""
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("'model' is required and must be a string.", param="model", code="invalid_type")
+    if len(model) > _MAX_MODEL_CHARS or not model.isprintable():
+        raise InvalidRequest("'model' is too long or contains control characters.", param="model", code="invalid_value")
+    return model
+
+
 def _length_limit(body: dict[str, Any]) -> tuple[int | None, tuple[str, ...]]:
     """The largest output length asked for in any engine's field, and the fields present."""
     present = tuple(name for name in LENGTH_FIELDS if body.get(name) is not None)

@@ -100,6 +100,9 @@ class AnthropicProtocol:
     def base_edits(self, inbound: Inbound) -> Edits:
         return Edits(drop_fields=inbound.stripped) if inbound.stripped else NO_EDITS
 
+    def answer_id(self, data: bytes) -> str | None:
+        return None  # the engines keep no Messages state: nothing to pin
+
     def error_status(self, err: GatewayError) -> int:
         return from_gateway_error(err)[0]
 

@@ -63,6 +63,9 @@ class OpenAIProtocol:
     def response_body(self, inbound: Inbound, raw: bytes, parsed: Any, target: Target) -> bytes:
         return raw
 
+    def answer_id(self, data: bytes) -> str | None:
+        return None
+
     def usage(self, parsed: Any) -> dict[str, Any] | None:
         if isinstance(parsed, dict) and isinstance(parsed.get("usage"), dict):
             usage: dict[str, Any] = parsed["usage"]
