@@ -50,6 +50,7 @@ class NativeObserver:
 
     __slots__ = (
         "_carry",
+        "_hold",
         "_roles",
         "content_events",
         "done",
@@ -61,8 +62,9 @@ class NativeObserver:
         "usage",
     )
 
-    def __init__(self, roles: dict[bytes, str]) -> None:
+    def __init__(self, roles: dict[bytes, str], hold: bool = False) -> None:
         self._roles = roles
+        self._hold = hold
         self._carry = b""
         self.events = 0
         self.content_events = 0
@@ -75,15 +77,15 @@ class NativeObserver:
 
     @property
     def holding(self) -> bool:
-        """Only the stream's preamble so far (message_start, content_block_start, response.created):
-        the relay keeps the client's headers back until a token, an error or the end, so that an
-        engine that opens its stream before refusing (SGLang's over-long Messages) still gives the
-        client a proper HTTP error."""
-        return self.events > 0 and not self.content_events and self.error is None and not self.done
+        """Only the stream's preamble so far (message_start, content_block_start), on a Messages
+        stream: the relay keeps the client's headers back until a token, an error or the end, so that
+        an engine that opens its stream before refusing (SGLang's over-long Messages) still gives the
+        client a proper HTTP error. Responses streams are relayed as they come (docs/protocols.md)."""
+        return self._hold and self.events > 0 and not self.content_events and self.error is None and not self.done
 
     @classmethod
     def messages(cls) -> NativeObserver:
-        return cls(MESSAGES_EVENTS)
+        return cls(MESSAGES_EVENTS, hold=True)
 
     @classmethod
     def responses(cls) -> NativeObserver:
