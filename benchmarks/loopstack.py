@@ -110,10 +110,9 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: flo
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"the gateway exited with {proc.returncode}:\n{log.read_text(errors='replace')}")
-        with contextlib.suppress(OSError):
-            with urllib.request.urlopen(f"{url}/readyz", timeout=2) as resp:
-                if resp.status == 200:
-                    return
+        with contextlib.suppress(OSError), urllib.request.urlopen(f"{url}/readyz", timeout=2) as resp:
+            if resp.status == 200:
+                return
         time.sleep(0.1)
     raise TimeoutError(f"the gateway was not ready in {timeout} s:\n{log.read_text(errors='replace')}")
 
@@ -139,8 +138,10 @@ def running_stack(
     gateway_sections: dict[str, Any],
     backend_max_in_flight: int | None = None,
     gateway_argv: list[str] | None = None,
+    routes: list[dict[str, Any]] | None = None,
 ) -> Iterator[Stack]:
-    """Start the simulators and a gateway in front of them (one pool, route ``tiny``); stop both after."""
+    """Start the simulators and a gateway in front of them (one pool, route ``tiny`` unless ``routes``
+    says otherwise); stop both after."""
     workdir.mkdir(parents=True, exist_ok=True)
     sims = _spawn(
         [sys.executable, str(Path(__file__)), "sims", "--count", str(sim_count), "--params", json.dumps(sim_params)],
@@ -163,7 +164,7 @@ def running_stack(
         config = {
             "server": {"host": "127.0.0.1", "port": 0},
             "pools": {"sim": {"engine": "sim", "flavour": sim_params.get("flavour", "vllm"), "backends": backends}},
-            "routes": [{"model": MODEL, "pools": ["sim"]}],
+            "routes": routes or [{"model": MODEL, "pools": ["sim"]}],
             **gateway_sections,
         }
         path = workdir / "gateway.yaml"

@@ -39,11 +39,29 @@ from typing import Any
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import loopstack  # noqa: E402
+import loopstack
 
 KINDS = (("chat_stream", 40), ("chat", 25), ("completions_stream", 10), ("completions", 10), ("embeddings", 15))
 FAULTS = ("status=500", "status=503", "die_after=1;die=rst")
-WORDS = "the quick brown fox jumps over a lazy dog while seven tired engines decode tokens in batches".split()
+WORDS = [
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "a",
+    "lazy",
+    "dog",
+    "while",
+    "seven",
+    "tired",
+    "engines",
+    "decode",
+    "tokens",
+    "in",
+    "batches",
+]
 SYSTEM = "You are a careful assistant. " * 8
 
 

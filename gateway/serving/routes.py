@@ -1,5 +1,5 @@
-"""The gateway's HTTP surface: thin Starlette endpoints for models, health, readiness and
-metrics, the raw-ASGI completion endpoints, and OpenAI-shaped 404/405 bodies."""
+"""The gateway's HTTP surface: thin Starlette endpoints for models, health, readiness, metrics and
+the OpenAPI description, the raw-ASGI completion endpoints, and OpenAI-shaped 404/405 bodies."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from gateway.fleet.scraper import LoadScraper
 from gateway.metrics import GatewayMetrics
 from gateway.pipeline.endpoint import CompletionEndpoint
 from gateway.serving.lifecycle import Lifecycle
+from gateway.serving.openapi import openapi_bytes
 
 
 def error_response(err: GatewayError) -> Response:
@@ -43,6 +44,7 @@ class Endpoints:
         self._metrics = metrics
         self._scraper = scraper
         self._created = int(time.time())
+        self._openapi = openapi_bytes(config.limits)
 
     async def models(self, request: Request) -> Response:
         try:
@@ -76,6 +78,9 @@ class Endpoints:
         self._scraper.export_ages()
         return Response(self._metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
+    async def openapi(self, request: Request) -> Response:
+        return Response(self._openapi, media_type="application/json")
+
     def routes(self, completions: list[CompletionEndpoint]) -> list[BaseRoute]:
         out: list[BaseRoute] = [Route(e.path, e, methods=["POST"]) for e in completions]
         out += [
@@ -84,6 +89,7 @@ class Endpoints:
             Route("/health", self.healthz, methods=["GET"]),  # vLLM's and SGLang's name; guidellm checks it
             Route("/readyz", self.readyz, methods=["GET"]),
             Route("/metrics", self.metrics, methods=["GET"]),
+            Route("/openapi.json", self.openapi, methods=["GET"]),
         ]
         return out
 
