@@ -12,7 +12,9 @@ Every minute: the gateway's RSS, open fds, the size of /metrics in bytes and its
 more sample; then a least-squares slope of each over the second half of the run: a plateau has a
 slope near zero there, a leak keeps its slope. With --tracemalloc the gateway runs under tracemalloc
 (benchmarks/traced_gateway.py; slower, so it is for finding a cause, not for the figures) and the
-biggest growths between the middle and the end are printed.
+biggest growths between the middle and the end are printed. With --trim each sample also asks the
+gateway to malloc_trim(0) and reads its RSS after: memory glibc holds but nothing uses comes back, so
+that line follows what is live.
 
     PYTHONPATH=$PWD python3 benchmarks/soak.py --minutes 30 --out /tmp/soak
 
@@ -74,6 +76,7 @@ class Sample:
     series: int
     in_flight: float
     sent: int
+    rss_trimmed_kib: int | None = None  # with --trim: RSS right after malloc_trim(0)
 
 
 @dataclass
@@ -133,7 +136,20 @@ async def one_request(session: aiohttp.ClientSession, url: str, plan: Plan, rng:
         return f"error:{type(exc).__name__}"
 
 
-def sample(stack: loopstack.Stack, started: float, sent: int) -> Sample:
+def trimmed_rss(stack: loopstack.Stack) -> int | None:
+    """Ask the gateway (benchmarks/traced_gateway.py) to malloc_trim(0); its RSS after that, KiB."""
+    trim = stack.workdir / "trim.txt"
+    lines = len(trim.read_text().splitlines()) if trim.exists() else 0
+    os.kill(stack.pid, signal.SIGUSR2)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        if trim.exists() and len(done := trim.read_text().splitlines()) > lines:
+            return int(done[-1].split()[1])
+        time.sleep(0.05)
+    return None
+
+
+def sample(stack: loopstack.Stack, started: float, sent: int, trim: bool) -> Sample:
     size, series, text = loopstack.metrics_reading(stack.gateway_url)
     return Sample(
         minute=round((time.monotonic() - started) / 60, 2),
@@ -143,6 +159,7 @@ def sample(stack: loopstack.Stack, started: float, sent: int) -> Sample:
         series=series,
         in_flight=loopstack.metric_sum(text, "gateway_requests_in_flight"),
         sent=sent,
+        rss_trimmed_kib=trimmed_rss(stack) if trim else None,
     )
 
 
@@ -177,7 +194,8 @@ async def drive(stack: loopstack.Stack, args: argparse.Namespace, samples: list[
         log.flush()
         print(
             f"min {s.minute:6.2f}  rss {s.rss_kib / 1024:7.1f} MiB  fds {s.fds:4d}  /metrics {s.metrics_bytes:7d} B"
-            f"  series {s.series:5d}  in_flight {s.in_flight:3.0f}  sent {s.sent}",
+            f"  series {s.series:5d}  in_flight {s.in_flight:3.0f}  sent {s.sent}"
+            + (f"  rss after trim {s.rss_trimmed_kib / 1024:7.1f} MiB" if s.rss_trimmed_kib else ""),
             flush=True,
         )
         if args.tracemalloc:
@@ -194,7 +212,7 @@ async def drive(stack: loopstack.Stack, args: argparse.Namespace, samples: list[
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         while (now := time.monotonic()) < end:
             if now >= next_sample:
-                record(sample(stack, started, sent))
+                record(sample(stack, started, sent, args.trim))
                 next_sample += args.sample_s
             await asyncio.sleep(rng.expovariate(args.rate))
             if limit.locked():
@@ -214,7 +232,7 @@ async def drive(stack: loopstack.Stack, args: argparse.Namespace, samples: list[
             await asyncio.wait(tasks)
     # idle: the engines' aborts and the gateway's cleanup have a moment to finish
     await asyncio.sleep(3)
-    record(sample(stack, started, sent))
+    record(sample(stack, started, sent, args.trim))
     log.close()
     return outcomes
 
@@ -222,9 +240,12 @@ async def drive(stack: loopstack.Stack, args: argparse.Namespace, samples: list[
 def summarise(samples: list[Sample], minutes: float) -> dict[str, Any]:
     half = [s for s in samples if s.minute >= minutes / 2]
     out: dict[str, Any] = {"first": asdict(samples[0]), "last": asdict(samples[-1])}
-    for field in ("rss_kib", "fds", "metrics_bytes", "series"):
-        out[f"{field}_slope_per_min_second_half"] = round(slope([(s.minute, getattr(s, field)) for s in half]), 3)
-        out[f"{field}_max"] = max(getattr(s, field) for s in samples)
+    fields = ["rss_kib", "fds", "metrics_bytes", "series"]
+    if samples[0].rss_trimmed_kib is not None:
+        fields.append("rss_trimmed_kib")
+    for field in fields:
+        out[f"{field}_slope_per_min_second_half"] = round(slope([(s.minute, getattr(s, field) or 0) for s in half]), 3)
+        out[f"{field}_max"] = max(getattr(s, field) or 0 for s in samples)
     mean_rss = sum(s.rss_kib for s in half) / max(len(half), 1)
     out["rss_growth_pct_per_hour_projected"] = round(100 * 60 * out["rss_kib_slope_per_min_second_half"] / mean_rss, 2)
     return out
@@ -256,18 +277,20 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=12)
     parser.add_argument("--sample-s", type=float, default=60.0, help="seconds between samples")
     parser.add_argument("--tracemalloc", action="store_true")
+    parser.add_argument("--trim", action="store_true", help="also sample RSS right after malloc_trim(0)")
     parser.add_argument("--out", type=Path, default=Path("/tmp/gateway-soak"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    for old in args.out.glob("snapshot-*.pickle"):
+    for old in [*args.out.glob("snapshot-*.pickle"), *args.out.glob("trim.txt")]:
         old.unlink()
     sections = {
         "limits": {"max_queue": 200, "queue_timeout_s": 10},
         "health": {"interval_s": 5, "scrape_interval_s": 5},
     }
     argv = None
-    if args.tracemalloc:
+    if args.tracemalloc or args.trim:
         os.environ["TRACED_GATEWAY_DIR"] = str(args.out)
+        os.environ["TRACED_GATEWAY_TRACEMALLOC"] = "1" if args.tracemalloc else "0"
         argv = [sys.executable, str(Path(__file__).resolve().parent / "traced_gateway.py")]
     samples: list[Sample] = []
     with loopstack.running_stack(args.out, 2, {"preset": "fast"}, sections, 64, argv) as stack:

@@ -1,8 +1,15 @@
-"""`gateway` with tracemalloc on: the soak's leak finder. Each SIGUSR1 writes a snapshot to
-``$TRACED_GATEWAY_DIR/snapshot-N.pickle`` (N counts from 0); otherwise it is ``python -m gateway.cli``."""
+"""`gateway` with the soak's leak finders on; otherwise it is ``python -m gateway.cli``.
+
+- tracemalloc (unless ``TRACED_GATEWAY_TRACEMALLOC=0``): each SIGUSR1 writes a snapshot to
+  ``$TRACED_GATEWAY_DIR/snapshot-N.pickle`` (N counts from 0).
+- SIGUSR2 calls glibc's ``malloc_trim(0)`` and appends ``rss_before_kib rss_after_kib`` to
+  ``$TRACED_GATEWAY_DIR/trim.txt``: memory the allocator holds but no object uses comes back, so what
+  stays is what is live.
+"""
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import os
 import signal
@@ -14,19 +21,31 @@ from types import FrameType
 from gateway.cli import main
 
 
-def _dump(counter: itertools.count[int], folder: Path) -> None:
-    tracemalloc.take_snapshot().dump(str(folder / f"snapshot-{next(counter)}.pickle"))
+def _rss_kib() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
 
 
 def run() -> int:
-    tracemalloc.start(int(os.environ.get("TRACED_GATEWAY_FRAMES", "12")))
     folder = Path(os.environ.get("TRACED_GATEWAY_DIR", "."))
     counter = itertools.count()
+    if os.environ.get("TRACED_GATEWAY_TRACEMALLOC", "1") != "0":
+        tracemalloc.start(int(os.environ.get("TRACED_GATEWAY_FRAMES", "12")))
 
-    def on_usr1(signum: int, frame: FrameType | None) -> None:
-        _dump(counter, folder)
+        def on_usr1(signum: int, frame: FrameType | None) -> None:
+            tracemalloc.take_snapshot().dump(str(folder / f"snapshot-{next(counter)}.pickle"))
 
-    signal.signal(signal.SIGUSR1, on_usr1)
+        signal.signal(signal.SIGUSR1, on_usr1)
+
+    def on_usr2(signum: int, frame: FrameType | None) -> None:
+        before = _rss_kib()
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        with (folder / "trim.txt").open("a") as out:
+            out.write(f"{before} {_rss_kib()}\n")
+
+    signal.signal(signal.SIGUSR2, on_usr2)
     return main(sys.argv[1:])
 
 
