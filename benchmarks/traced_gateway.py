@@ -2,9 +2,10 @@
 
 - tracemalloc (unless ``TRACED_GATEWAY_TRACEMALLOC=0``): each SIGUSR1 writes a snapshot to
   ``$TRACED_GATEWAY_DIR/snapshot-N.pickle`` (N counts from 0).
-- SIGUSR2 calls glibc's ``malloc_trim(0)`` and appends ``rss_before_kib rss_after_kib`` to
-  ``$TRACED_GATEWAY_DIR/trim.txt``: memory the allocator holds but no object uses comes back, so what
-  stays is what is live.
+- SIGUSR2 prints pymalloc's statistics to stderr (``sys._debugmallocstats``: arenas, bytes in
+  allocated blocks, i.e. live small objects, and free ones), calls glibc's ``malloc_trim(0)``, and
+  appends ``rss_before_kib rss_after_kib`` to ``$TRACED_GATEWAY_DIR/trim.txt``: memory glibc holds but
+  no object uses comes back.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ def run() -> int:
         signal.signal(signal.SIGUSR1, on_usr1)
 
     def on_usr2(signum: int, frame: FrameType | None) -> None:
+        sys._debugmallocstats()
         before = _rss_kib()
         ctypes.CDLL("libc.so.6").malloc_trim(0)
         with (folder / "trim.txt").open("a") as out:
