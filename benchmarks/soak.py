@@ -278,6 +278,7 @@ def main() -> int:
     parser.add_argument("--sample-s", type=float, default=60.0, help="seconds between samples")
     parser.add_argument("--tracemalloc", action="store_true")
     parser.add_argument("--trim", action="store_true", help="also sample RSS right after malloc_trim(0)")
+    parser.add_argument("--collect", action="store_true", help="with --trim: gc.collect() before the trim")
     parser.add_argument("--out", type=Path, default=Path("/tmp/gateway-soak"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -291,6 +292,7 @@ def main() -> int:
     if args.tracemalloc or args.trim:
         os.environ["TRACED_GATEWAY_DIR"] = str(args.out)
         os.environ["TRACED_GATEWAY_TRACEMALLOC"] = "1" if args.tracemalloc else "0"
+        os.environ["TRACED_GATEWAY_COLLECT"] = "1" if args.collect else "0"
         argv = [sys.executable, str(Path(__file__).resolve().parent / "traced_gateway.py")]
     samples: list[Sample] = []
     with loopstack.running_stack(args.out, 2, {"preset": "fast"}, sections, 64, argv) as stack:

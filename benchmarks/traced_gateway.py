@@ -5,12 +5,16 @@
 - SIGUSR2 prints pymalloc's statistics to stderr (``sys._debugmallocstats``: arenas, bytes in
   allocated blocks, i.e. live small objects, and free ones), calls glibc's ``malloc_trim(0)``, and
   appends ``rss_before_kib rss_after_kib`` to ``$TRACED_GATEWAY_DIR/trim.txt``: memory glibc holds but
-  no object uses comes back.
+  no object uses comes back. With ``TRACED_GATEWAY_COLLECT=1`` it runs ``gc.collect()`` first, and the
+  line goes on with ``blocks_before blocks_after collected`` (``sys.getallocatedblocks()`` around the
+  collection, and what it found unreachable): how much of the heap was cyclic garbage waiting for a
+  full collection.
 """
 
 from __future__ import annotations
 
 import ctypes
+import gc
 import itertools
 import os
 import signal
@@ -40,12 +44,18 @@ def run() -> int:
 
         signal.signal(signal.SIGUSR1, on_usr1)
 
+    collect = os.environ.get("TRACED_GATEWAY_COLLECT") == "1"
+
     def on_usr2(signum: int, frame: FrameType | None) -> None:
         sys._debugmallocstats()
         before = _rss_kib()
+        blocks = sys.getallocatedblocks()
+        found = gc.collect() if collect else 0
+        after_blocks = sys.getallocatedblocks()
         ctypes.CDLL("libc.so.6").malloc_trim(0)
         with (folder / "trim.txt").open("a") as out:
-            out.write(f"{before} {_rss_kib()}\n")
+            extra = f" {blocks} {after_blocks} {found}" if collect else ""
+            out.write(f"{before} {_rss_kib()}{extra}\n")
 
     signal.signal(signal.SIGUSR2, on_usr2)
     return main(sys.argv[1:])
