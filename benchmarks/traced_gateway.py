@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import gc
 import itertools
@@ -33,6 +34,26 @@ def _rss_kib() -> int:
     return 0
 
 
+def _collect_and_name(folder: Path) -> int:
+    """gc.collect() keeping what it finds, and the most common types of that garbage appended to
+    garbage.txt (with the function names of any frames in it: where the cycles come from)."""
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        found = gc.collect()
+        kinds = collections.Counter(type(o).__qualname__ for o in gc.garbage)
+        frames = collections.Counter(
+            f"{o.f_code.co_filename.rsplit('/', 2)[-1]}:{o.f_code.co_name}"
+            for o in gc.garbage
+            if isinstance(o, FrameType)
+        )
+        with (folder / "garbage.txt").open("a") as out:
+            out.write(f"{found} {kinds.most_common(12)}\nframes {frames.most_common(12)}\n")
+    finally:
+        gc.garbage.clear()
+        gc.set_debug(0)
+    return found
+
+
 def run() -> int:
     folder = Path(os.environ.get("TRACED_GATEWAY_DIR", "."))
     counter = itertools.count()
@@ -50,7 +71,7 @@ def run() -> int:
         sys._debugmallocstats()
         before = _rss_kib()
         blocks = sys.getallocatedblocks()
-        found = gc.collect() if collect else 0
+        found = _collect_and_name(folder) if collect else 0
         after_blocks = sys.getallocatedblocks()
         ctypes.CDLL("libc.so.6").malloc_trim(0)
         with (folder / "trim.txt").open("a") as out:
