@@ -49,4 +49,7 @@ ADAPTER = TableAdapter(
     load=LOAD,
     tokenizer=TOKENIZER,
     launch=launch,
+    # /v1/responses (stream too; GET by id and previous_response_id need --enable-response-store),
+    # /tokenize and /detokenize: measured on SGLang 0.5.23.
+    native_apis=frozenset({"responses", "tokenize"}),
 )

@@ -201,6 +201,11 @@ def cap_flag(flag: str, value: int | None) -> list[str]:
     return [] if value is None else [flag, str(value)]
 
 
+NATIVE_APIS = frozenset({"messages", "count_tokens", "responses", "tokenize"})
+"""The protocols an engine may serve natively: /v1/messages, /v1/messages/count_tokens,
+/v1/responses (+ by id), /tokenize + /detokenize in vLLM's shapes."""
+
+
 @dataclass(frozen=True, slots=True)
 class TableAdapter:
     """An EngineAdapter made of one engine's table."""
@@ -213,6 +218,9 @@ class TableAdapter:
     launch: Callable[[LaunchSpec], list[str]] = no_launch
     client_faults: tuple[str, ...] = ()
     """Lower-case phrases that make an engine's 5xx the client's fault (a 400), e.g. a JSON parse error."""
+    native_apis: frozenset[str] = frozenset()
+    """The client protocols the engine serves itself, among NATIVE_APIS: their bytes pass through
+    (errors still normalised); the rest are translated to chat completions."""
 
     def parse_load(self, metrics_text: str, now: float) -> EngineLoad:
         return self.load.parse(metrics_text, now)

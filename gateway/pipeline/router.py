@@ -114,6 +114,29 @@ class Router:
             home=home,
         )
 
+    def pinned(
+        self,
+        route: RouteConfig,
+        inbound: Inbound,
+        view: Mapping[str, Any] | None,
+        headers: dict[str, str],
+        backend: str | None,
+        prompt_tokens: int = 0,
+    ) -> Plan | None:
+        """A plan of one backend, past the rules and the balancer, for a request that names state only
+        `backend` holds; None when that backend is gone or serves none of the route's pools."""
+        found = self._registry.by_name.get(backend) if backend is not None else None
+        if found is None or found.retired or found.pool not in route.pools:
+            return None
+        facts, fp = self.facts(route, inbound, view, headers, prompt_tokens, time.monotonic())
+        self._metrics.child(self._metrics.route_decisions, route.label, found.pool, "pinned").inc()
+        ready = found.healthy and found.has_room()
+        return Plan(found.pool, "pinned", [found] if ready else [], facts, fp, saturated=found.healthy and not ready)
+
+    def engine_kinds(self, route: RouteConfig) -> set[str]:
+        """The engine kinds of the route's backends."""
+        return {b.engine for pool in route.pools for b in self._registry.pools.get(pool, ())}
+
     def order(self, pool: str, key: BalanceKey, now: float | None = None) -> tuple[list[Backend], bool, str | None]:
         """The pool's healthy backends with capacity, in the balancer's order; whether some healthy
         backend was left out only for being full; and the conversation's learned home, if any."""
