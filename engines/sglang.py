@@ -49,7 +49,8 @@ ADAPTER = TableAdapter(
     load=LOAD,
     tokenizer=TOKENIZER,
     launch=launch,
+    # Measured on SGLang 0.5.23 (tests/fixtures/sglang/proto_*): /v1/messages and count_tokens;
     # /v1/responses (stream too; GET by id and previous_response_id need --enable-response-store),
-    # /tokenize and /detokenize: measured on SGLang 0.5.23.
-    native_apis=frozenset({"responses", "tokenize"}),
+    # /tokenize and /detokenize.
+    native_apis=frozenset({"messages", "count_tokens", "responses", "tokenize"}),
 )

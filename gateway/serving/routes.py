@@ -1,5 +1,5 @@
-"""The gateway's HTTP surface: thin Starlette endpoints for models, health, readiness and
-metrics, the raw-ASGI completion endpoints, and OpenAI-shaped 404/405 bodies."""
+"""The gateway's HTTP surface: thin Starlette endpoints for models, health, readiness, metrics and
+the OpenAPI description, the raw-ASGI completion endpoints, and OpenAI-shaped 404/405 bodies."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from gateway.fleet.scraper import LoadScraper
 from gateway.metrics import GatewayMetrics
 from gateway.pipeline.endpoint import CompletionEndpoint
 from gateway.serving.lifecycle import Lifecycle
+from gateway.serving.openapi import openapi_bytes
 
 _GZIP_MIN = 4096
 """A smaller page is sent as it is: compressing it saves less than it costs."""
@@ -48,10 +49,11 @@ class Endpoints:
         self._metrics = metrics
         self._scraper = scraper
         self._created = int(time.time())
+        self._openapi = openapi_bytes(config.limits)
 
     async def models(self, request: Request) -> Response:
         try:
-            client = self._access.authenticate(request.headers.get("authorization"))
+            client = self._access.authenticate(request.headers.get("authorization"), request.headers.get("x-api-key"))
         except GatewayError as err:
             return error_response(err)
         data = [
@@ -94,6 +96,9 @@ class Endpoints:
             packed, media_type=CONTENT_TYPE_LATEST, headers={"content-encoding": "gzip", "vary": "accept-encoding"}
         )
 
+    async def openapi(self, request: Request) -> Response:
+        return Response(self._openapi, media_type="application/json")
+
     def routes(self, completions: list[CompletionEndpoint]) -> list[BaseRoute]:
         out: list[BaseRoute] = [Route(e.path, e, methods=["POST"]) for e in completions]
         out += [
@@ -102,6 +107,7 @@ class Endpoints:
             Route("/health", self.healthz, methods=["GET"]),  # vLLM's and SGLang's name; guidellm checks it
             Route("/readyz", self.readyz, methods=["GET"]),
             Route("/metrics", self.metrics, methods=["GET"]),
+            Route("/openapi.json", self.openapi, methods=["GET"]),
         ]
         return out
 
