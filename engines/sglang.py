@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from engines.base import LaunchSpec
 from engines.promtext import LoadTable, Ratio
-from engines.table import MessagesTokenizer, TableAdapter, cap_flag, name_flag
+from engines.table import MessagesTokenizer, ModelsTable, TableAdapter, cap_flag, name_flag
 
 # Releases differ: "sglang:" like vLLM, or "sglang_" (the plain Prometheus style).
 _PREFIXES = ("sglang:", "sglang_")
@@ -49,4 +49,7 @@ ADAPTER = TableAdapter(
     load=LOAD,
     tokenizer=TOKENIZER,
     launch=launch,
+    # /v1/models: {"id": <--served-model-name>, "owned_by": "sglang", "max_model_len": <the served window>};
+    # /v1/tokenize's max_model_len is the model config's, not --context-length (tests/fixtures/sglang/).
+    models=ModelsTable(window_keys=(("max_model_len",),)),
 )

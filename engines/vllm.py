@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from engines.base import LaunchSpec
 from engines.promtext import LoadTable, Ratio
-from engines.table import MessagesTokenizer, TableAdapter, cap_flag, name_flag
+from engines.table import MessagesTokenizer, ModelsTable, TableAdapter, cap_flag, name_flag
 
 LOAD = LoadTable(
     running=("vllm:num_requests_running",),
@@ -36,4 +36,6 @@ ADAPTER = TableAdapter(
     load=LOAD,
     tokenizer=MessagesTokenizer(),
     launch=launch,
+    # /v1/models: {"id": <--served-model-name>, "owned_by": "vllm", "max_model_len": <--max-model-len>}.
+    models=ModelsTable(window_keys=(("max_model_len",),)),
 )

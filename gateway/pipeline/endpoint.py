@@ -113,19 +113,22 @@ class CompletionEndpoint:
                 ex.disconnect_stage = "before_backend"
                 return
             inbound = protocol.parse(raw, self._config.limits)
-            route = self._config.route_for(inbound.model)
-            if route is None:
+            resolved = self._router.resolve(inbound.model)  # aliases, then the route
+            if resolved is None:
                 raise ModelNotFound(
                     f"The model '{_clip(inbound.model)}' does not exist on this gateway.", param="model"
                 )
+            route = resolved.route
             ex.route, ex.model, ex.stream = route.label, inbound.model, inbound.stream
             await self._access.admit(client, inbound.model)  # the key's model allowlist and limits
             watcher = asyncio.create_task(_listen_for_disconnect(receive, ex, ending))
             view = protocol.estimate_view(inbound)
-            plan = self._router.plan(route, inbound, view, headers, self._caps.routing_estimate(route, inbound, view))
+            estimate = self._caps.routing_estimate(route, inbound, view)
+            plan = self._router.plan(route, inbound, view, headers, estimate, resolved.name)
             ex.pool, ex.rule = plan.pool, plan.rule
             backends, plan = await self._admission.admit(plan, route.label)
-            cap_edits, count = await self._caps.apply(route, inbound, view, backends[0])
+            first = self._router.upstream_model(plan, backends[0], route.upstream_model, inbound.model)
+            cap_edits, count = await self._caps.apply(route, inbound, view, backends[0], first or inbound.model)
             ex.estimator_key, ex.prompt_chars, ex.prompt_messages = count.key, count.chars, count.messages
             ex.prompt_estimate, ex.prompt_exact = count.estimate, count.exact
             edits = protocol.base_edits(inbound).then(cap_edits)

@@ -1,0 +1,123 @@
+"""Model names: a client's name through the config's aliases to a route, the index of which pools
+serve which model (rebuilt when discovery changes), the pool for a name (exact servers first, then
+the route's rules), and the name sent to the chosen backend. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from gateway.config import GatewayConfig, RouteConfig
+from gateway.policy.rules import Decision, RequestFacts, matches, rule_label, select_pool
+
+SERVED = "served"
+"""The rule label when the pools that serve a name exactly were chosen by no rule of the route."""
+_NOTHING: Mapping[str, tuple[str, ...]] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    route: RouteConfig
+    name: str
+    """The model name after aliases: what the index is asked about and, by default, what is sent."""
+
+
+class ModelNames:
+    """A client's name -> (route, name): an alias (global first, then the route's own), else the name
+    itself under the route it matches (exact routes before globs). Known names are one dict lookup."""
+
+    def __init__(self, config: GatewayConfig) -> None:
+        self._config = config
+        known: dict[str, Resolved] = {}
+        for route in config.routes:
+            if not route.is_glob:
+                known.setdefault(route.model, Resolved(route, route.model))
+        for route in config.routes:
+            for alias, target in route.aliases.items():
+                if config.route_for(alias) is route and alias not in known:
+                    known[alias] = Resolved(route, target)
+        for alias, target in config.aliases.items():
+            found = config.route_for(target) or config.route_for(alias)
+            if found is not None:
+                known[alias] = Resolved(found, target)
+        self._known = known
+
+    def resolve(self, requested: str) -> Resolved | None:
+        found = self._known.get(requested)
+        if found is not None:
+            return found
+        route = self._config.route_for(requested)
+        return None if route is None else Resolved(route, requested)
+
+    def aliases(self) -> dict[str, str]:
+        """Every alias the config defines -> its model name."""
+        out: dict[str, str] = {}
+        for route in self._config.routes:
+            out.update(route.aliases)
+        out.update(self._config.aliases)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class ModelIndex:
+    """Exact model name -> pool -> the backends of that pool that serve it (by name)."""
+
+    serving: Mapping[str, Mapping[str, tuple[str, ...]]]
+
+    def pools(self, model: str) -> Mapping[str, tuple[str, ...]]:
+        return self.serving.get(model, _NOTHING)
+
+
+EMPTY_INDEX = ModelIndex(MappingProxyType({}))
+
+
+def build_index(members: Iterable[tuple[str, str, Iterable[str]]]) -> ModelIndex:
+    """From (pool, backend, names it serves) triples."""
+    serving: dict[str, dict[str, list[str]]] = {}
+    for pool, backend, names in members:
+        for name in names:
+            serving.setdefault(name, {}).setdefault(pool, []).append(backend)
+    return ModelIndex(
+        MappingProxyType(
+            {name: MappingProxyType({p: tuple(b) for p, b in pools.items()}) for name, pools in serving.items()}
+        )
+    )
+
+
+def choose_pool(
+    route: RouteConfig, facts: RequestFacts, serving: AbstractSet[str], available: Callable[[str], bool]
+) -> Decision | None:
+    """The pool for a request. When some of the route's pools have healthy backends that serve the
+    name exactly (`serving`), only they are chosen from: the first matching rule that names one of
+    them, else the first of them in the route's order (`served`). Otherwise the rules as for any
+    name (select_pool, with its fallback)."""
+    if serving:
+        for rule in route.rules:
+            if rule.pool in serving and matches(rule.when, facts):
+                return Decision(rule.pool, rule_label(rule))
+        for pool in route.pools:
+            if pool in serving:
+                return Decision(pool, SERVED)
+    return select_pool(route, facts, available)
+
+
+def upstream_model(
+    requested: str,
+    name: str,
+    *,
+    configured: str | None,
+    route_upstream: str | None,
+    served: tuple[str, ...],
+    wildcard: bool,
+) -> str | None:
+    """The model name to send to one backend, None for the client's own. In order: the backend's
+    `model:` from the config, the route's `upstream_model`, the name itself when the backend serves
+    it (or reports nothing), and under a wildcard route a name the backend does not serve becomes
+    the one model it serves (the rewrite that `x-gateway-model` reports)."""
+    chosen = configured or route_upstream
+    if chosen is None:
+        rewrite = wildcard and len(served) == 1 and name not in served
+        chosen = served[0] if rewrite else name
+    return None if chosen == requested else chosen
