@@ -62,6 +62,10 @@ class Router:
         return self._names.resolve(requested)
 
     @property
+    def config(self) -> GatewayConfig:
+        return self._config
+
+    @property
     def names(self) -> ModelNames:
         return self._names
 
