@@ -1,5 +1,6 @@
 """Every gateway_* metric, in the gateway's own CollectorRegistry. Labels are bounded: route,
-pool, backend, engine, outcome and a few fixed enums; a client's model string never becomes one."""
+pool, backend, engine, outcome and a few fixed enums; a client's model string never becomes one
+(gateway_backend_model_info's `model` is what an engine serves, at most 32 a backend)."""
 
 from __future__ import annotations
 
