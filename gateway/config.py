@@ -165,6 +165,9 @@ class BackendConfig(_Model):
     context_window: Annotated[int, Field(ge=16)] | None = None
     """Tokens a request may use on this backend (prompt + output), for an engine that reports none;
     it wins over the window the gateway discovers. The effective cap is min(route cap, window)."""
+    discover_models: bool = True
+    """Ask the engine what it serves and its window, with each health round (routing by model,
+    /v1/models, the window as a cap); false: only `model:` and `context_window:` count."""
     max_in_flight: Annotated[int, Field(ge=1)] | None = None
     discover: bool = False
     """Resolve the URL's host name every health round and make each address a backend: the

@@ -137,7 +137,7 @@ class HealthChecker:
                     "healthy" if now else "unhealthy",
                 )
         # What each healthy engine serves, every round: an engine restarted with another model is seen.
-        await self._catalog.refresh([b for b in backends if b.healthy and not b.retired])
+        await self._catalog.refresh([b for b in backends if b.healthy and not b.retired and b.discover_models])
 
     async def run(self) -> None:
         while True:

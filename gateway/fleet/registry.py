@@ -27,6 +27,8 @@ class Backend:
     adapter: EngineAdapter
     context_window: int | None = None
     """The config's `context_window:`; wins over a discovered one."""
+    discover_models: bool = True
+    """Whether fleet/catalog.py asks the engine what it serves."""
     served: tuple[ServedModel, ...] = ()
     """What the engine's /v1/models last listed (fleet/catalog.py)."""
     names: tuple[str, ...] = ()
@@ -106,6 +108,7 @@ class Registry:
                     max_in_flight=b.max_in_flight,
                     adapter=adapter,
                     context_window=b.context_window,
+                    discover_models=b.discover_models,
                 )
                 members.append(backend)
                 self.by_name[backend.name] = backend
@@ -144,6 +147,7 @@ class Registry:
             max_in_flight=cfg.max_in_flight,
             adapter=entry.adapter,
             context_window=cfg.context_window,
+            discover_models=cfg.discover_models,
         )
         self.pools[entry.pool].append(backend)
         self.by_name[backend.name] = backend
