@@ -128,9 +128,11 @@ class Router:
         name = model or inbound.model
         facts, fp = self.facts(route, inbound, view, headers, prompt_tokens, now, name)
         # One dict lookup: the index is rebuilt when discovery changes, never per request.
-        serving = self._registry.models.pools(name)
+        index = self._registry.models
+        serving = index.pools(name)
         healthy = self._healthy_servers(serving) if serving else {}
-        decision = choose_pool(route, facts, healthy.keys(), self._registry.pool_available)
+        servers = serving.keys() | index.unknown if healthy else ()
+        decision = choose_pool(route, facts, healthy.keys(), self._registry.pool_available, frozenset(servers))
         if decision is None:
             return Plan(pool=route.pools[0], rule="none", backends=[], facts=facts, fingerprint=fp, model=name)
         self._metrics.child(self._metrics.route_decisions, route.label, decision.pool, decision.rule).inc()

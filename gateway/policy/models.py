@@ -65,6 +65,8 @@ class ModelIndex:
     """Exact model name -> pool -> the backends of that pool that serve it (by name)."""
 
     serving: Mapping[str, Mapping[str, tuple[str, ...]]]
+    unknown: frozenset[str] = frozenset()
+    """Pools none of whose backends has said what it serves (never reached, or no /v1/models)."""
 
     def pools(self, model: str) -> Mapping[str, tuple[str, ...]]:
         return self.serving.get(model, _NOTHING)
@@ -76,27 +78,41 @@ EMPTY_INDEX = ModelIndex(MappingProxyType({}))
 def build_index(members: Iterable[tuple[str, str, Iterable[str]]]) -> ModelIndex:
     """From (pool, backend, names it serves) triples."""
     serving: dict[str, dict[str, list[str]]] = {}
+    pools_seen: set[str] = set()
+    known: set[str] = set()
     for pool, backend, names in members:
+        pools_seen.add(pool)
         for name in names:
+            known.add(pool)
             serving.setdefault(name, {}).setdefault(pool, []).append(backend)
     return ModelIndex(
         MappingProxyType(
             {name: MappingProxyType({p: tuple(b) for p, b in pools.items()}) for name, pools in serving.items()}
-        )
+        ),
+        frozenset(pools_seen - known),
     )
 
 
 def choose_pool(
-    route: RouteConfig, facts: RequestFacts, serving: AbstractSet[str], available: Callable[[str], bool]
+    route: RouteConfig,
+    facts: RequestFacts,
+    serving: AbstractSet[str],
+    available: Callable[[str], bool],
+    servers: AbstractSet[str] | None = None,
 ) -> Decision | None:
-    """The pool for a request. When some of the route's pools have healthy backends that serve the
-    name exactly (`serving`), only they are chosen from: the first matching rule that names one of
-    them, else the first of them in the route's order (`served`). Otherwise the rules as for any
-    name (select_pool, with its fallback)."""
+    """The pool for a request. `servers`: the pools with a backend that serves the name exactly, and
+    those that have not said what they serve (the index's `unknown`); `serving`: the pools with a
+    healthy backend that serves it exactly. When there are such, only they are chosen from: the
+    first matching rule that names a server picks it (if that pool is down or unknown, the route's
+    first healthy server is the `fallback:<pool>`); no rule naming one: the first healthy server in
+    the route's order (`served`). When there is none, the rules as for any name (select_pool)."""
     if serving:
         for rule in route.rules:
-            if rule.pool in serving and matches(rule.when, facts):
-                return Decision(rule.pool, rule_label(rule))
+            if rule.pool in (servers or serving) and matches(rule.when, facts):
+                if rule.pool in serving:
+                    return Decision(rule.pool, rule_label(rule))
+                pool = next(p for p in route.pools if p in serving)
+                return Decision(pool, f"fallback:{pool}")
         for pool in route.pools:
             if pool in serving:
                 return Decision(pool, SERVED)

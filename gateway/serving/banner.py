@@ -31,13 +31,15 @@ def _line(registry: Registry, router: Router, name: str, route_label: str | None
             return f"{name}: no route (requests for it get 404)"
         route, target = resolved.route, resolved.name
         shown = name if target == name else f"{name} (alias of {target})"
+    servers = registry.models.pools(target)
     serving = {
-        pool: members
-        for pool, members in registry.models.pools(target).items()
+        pool
+        for pool, members in servers.items()
         if any(registry.by_name[m].healthy for m in members if m in registry.by_name)
     }
     facts = RequestFacts(target or "*", False, False, {}, 0, False, router.platform)
-    decision = choose_pool(route, facts, serving.keys(), registry.pool_available)
+    known = frozenset(servers.keys() | registry.models.unknown)
+    decision = choose_pool(route, facts, serving, registry.pool_available, known)
     if decision is None:
         return f"{shown} -> route {route.label}: no healthy pool"
     backends = [b for b in registry.pools.get(decision.pool, ()) if b.healthy]

@@ -64,8 +64,9 @@ def route_of(name: str, platform: str = "nvidia_gpu", shared: bool = False, up: 
     config = shipped_like(aliases={"my-model": "Qwen/Qwen3-0.6B"})
     resolved = ModelNames(config).resolve(name)
     assert resolved is not None
-    serving = {p for p in INDEX.pools(resolved.name) if p in up}
-    decision = choose_pool(resolved.route, facts(resolved.name, platform, shared), serving, up.__contains__)
+    servers = INDEX.pools(resolved.name).keys()
+    serving = {p for p in servers if p in up}
+    decision = choose_pool(resolved.route, facts(resolved.name, platform, shared), serving, up.__contains__, servers)
     assert decision is not None
     return decision.pool, decision.rule
 
@@ -87,7 +88,9 @@ CASES = [
     # none serving it: the rules as for any name
     ("unknown", "no_nvidia_gpu", False, ALL_UP, ("llamacpp", "no-gpu")),
     ("unknown", "nvidia_gpu", False, ALL_UP, ("vllm", "default")),
-    # the exact servers are down: the rules, with their fallback
+    # the rule's server is down: the route's next healthy server is the fallback
+    ("Qwen/Qwen3-0.6B", "nvidia_gpu", False, {"sglang", "llamacpp"}, ("sglang", "fallback:sglang")),
+    # every exact server is down: the rules, with their fallback
     ("Qwen/Qwen3-0.6B", "nvidia_gpu", False, {"llamacpp"}, ("llamacpp", "fallback:llamacpp")),
 ]
 
@@ -216,3 +219,18 @@ def test_models_are_bounded_and_deduplicated() -> None:
     assert served is not None and len(served) == MAX_MODELS
     assert len({m.id for m in served}) == MAX_MODELS
     assert all(m.window is None and m.owned_by == "openai" for m in served)  # a bool is not a window
+
+
+def test_a_pool_that_never_said_what_it_serves_is_the_rules_pick_then_the_fallback() -> None:
+    # vLLM was down since start-up (nothing known); SGLang serves the name. The default rule names
+    # vLLM, which might serve it: the request falls back to SGLang, labelled so.
+    index = build_index([("vllm", "vllm-0", ()), ("sglang", "sglang-0", ("tiny",)), ("llamacpp", "l-0", (GGUF,))])
+    assert index.unknown == frozenset({"vllm"})
+    route = shipped_like().routes[0]
+    servers = frozenset(index.pools("tiny").keys() | index.unknown)
+    up = {"sglang", "llamacpp"}
+    got = choose_pool(route, facts("tiny"), {"sglang"}, up.__contains__, servers)
+    assert got is not None and (got.pool, got.rule) == ("sglang", "fallback:sglang")
+    # where the platform rule names llama.cpp, which is known not to serve it, the next rule decides
+    got = choose_pool(route, facts("tiny", "no_nvidia_gpu"), {"sglang"}, up.__contains__, servers)
+    assert got is not None and (got.pool, got.rule) == ("sglang", "fallback:sglang")
