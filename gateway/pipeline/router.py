@@ -161,13 +161,18 @@ class Router:
         )
 
     def _healthy_servers(self, serving: Mapping[str, tuple[str, ...]]) -> dict[str, tuple[str, ...] | None]:
-        """Pool -> its healthy backends that serve the name (None: all of the pool's do)."""
+        """Pool -> its healthy backends that serve the name, and those that never said what they
+        serve (None: all of the pool's backends do; the usual case, no scan)."""
         by_name = self._registry.by_name
         out: dict[str, tuple[str, ...] | None] = {}
         for pool, names in serving.items():
-            up = tuple(n for n in names if (b := by_name.get(n)) is not None and b.healthy and not b.retired)
-            if up:
-                out[pool] = None if len(names) == len(self._registry.pools.get(pool, ())) else up
+            if not any((b := by_name.get(n)) is not None and b.healthy and not b.retired for n in names):
+                continue
+            members = self._registry.pools.get(pool, ())
+            if len(names) == len(members):
+                out[pool] = None
+            else:
+                out[pool] = tuple(b.name for b in members if not b.names or b.name in names)
         return out
 
     def order(

@@ -105,7 +105,8 @@ def choose_pool(
     healthy backend that serves it exactly. When there are such, only they are chosen from: the
     first matching rule that names a server picks it (if that pool is down or unknown, the route's
     first healthy server is the `fallback:<pool>`); no rule naming one: the first healthy server in
-    the route's order (`served`). When there is none, the rules as for any name (select_pool)."""
+    the route's order (`default` when it is the route's first pool, else `served`). When there is
+    none, the rules as for any name (select_pool)."""
     if serving:
         for rule in route.rules:
             if rule.pool in (servers or serving) and matches(rule.when, facts):
@@ -115,7 +116,7 @@ def choose_pool(
                 return Decision(pool, f"fallback:{pool}")
         for pool in route.pools:
             if pool in serving:
-                return Decision(pool, SERVED)
+                return Decision(pool, "default" if pool == route.pools[0] else SERVED)
     return select_pool(route, facts, available)
 
 

@@ -68,6 +68,8 @@ class Endpoints:
         except GatewayError as err:
             return error_response(err)
         model = request.path_params["model"]
+        if not model:  # /v1/models/ is no endpoint (and never a redirect: issue 12)
+            return error_response(NotFound(f"No such endpoint: {request.url.path}."))
         entry = self.model_list().get(model)
         if entry is None or (client is not None and not client.allows(model)):
             shown = model if len(model) <= 64 else model[:64] + "..."
@@ -111,8 +113,9 @@ def model_entries(
     config: GatewayConfig, registry: Registry, names: ModelNames, created: int
 ) -> dict[str, dict[str, Any]]:
     """Every name a client may pick, once each: the routes' exact names, the aliases, then each
-    model a backend serves (its `model:`, else what its engine listed), in OpenAI's shape, with
-    `max_model_len` (the smallest window among the backends that serve it) where one is known."""
+    model a backend serves (its `model:`, else what its engine listed) that some route takes, in
+    OpenAI's shape, with `max_model_len` (the smallest window among the backends that serve it)
+    where one is known."""
 
     def entry(model: str, owner: str) -> dict[str, Any]:
         return {"id": model, "object": "model", "created": created, "owned_by": owner}
@@ -120,6 +123,8 @@ def model_entries(
     found: dict[str, dict[str, Any]] = {}
     for backend in registry:
         for model in backend.names:
+            if names.resolve(model) is None:  # served, but no route takes this name: not the client's
+                continue
             item = found.setdefault(model, entry(model, _owner(backend, model)))
             if backend.window is not None:
                 item["max_model_len"] = min(item.get("max_model_len", backend.window), backend.window)
