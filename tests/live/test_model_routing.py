@@ -193,3 +193,20 @@ async def test_a_configured_model_wins_over_discovery(engines: dict[str, SimServ
         r = await client.post("/v1/chat/completions", json=chat("served-as", content="word " * 400))
     assert listed == {"served-as": 300, GGUF: 512}
     assert r.status_code == 400 and "maximum context length is 300 tokens" in r.json()["error"]["message"]
+
+
+async def test_plan_uses_the_engines_window(engines: dict[str, SimServer]) -> None:
+    from gateway.tools.plan import backend_windows, render_plan
+
+    data = config({k: s.base_url for k, s in engines.items()})
+    data["pools"]["llamacpp"]["backends"][0]["context_window"] = 300  # the config's wins, offline too
+    for name in ("vllm", "llamacpp"):  # the engines the simulators speak: plan prints their commands
+        data["pools"][name]["engine"] = name
+    cfg = parse_config(data, env={})
+    probed = await asyncio.to_thread(backend_windows, cfg, False)
+    assert probed == {"vllm-0": 1024, "llamacpp-0": 300}
+    assert backend_windows(cfg, offline=True) == {"llamacpp-0": 300}
+    text = render_plan(cfg, windows=probed)
+    assert "--max-model-len 1024" in text and "-c 1200" in text  # 300 a slot, 4 slots
+    assert text.count("# WARNING: the route's cap (65536) is over this backend's context window") == 2
+    assert "--max-model-len 65536" in render_plan(cfg, windows={})
