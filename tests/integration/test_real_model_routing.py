@@ -144,7 +144,8 @@ def test_sglang_variant(sglang_server: Any, llamacpp_no_alias: Any) -> None:
         try:
             listed = {m.id: m for m in client.models.list()}
             one = client.models.retrieve(sglang_server.model)
-            # Only SGLang serves "tiny": no rule names its pool for this request, so `served`.
+            # Only SGLang serves "tiny". The no-gpu rule's llama.cpp does not; the default rule's vLLM is
+            # down (and never said what it serves), so SGLang is its fallback.
             first = routed(client, "tiny")
             other = routed(client, "any-name")
             before = sglang_prompt_tokens(sglang_server)
@@ -155,7 +156,7 @@ def test_sglang_variant(sglang_server: Any, llamacpp_no_alias: Any) -> None:
     assert list(listed) == [sglang_server.model, llamacpp_no_alias.model]
     # SGLang's /v1/models max_model_len: the served --context-length
     assert (one.owned_by, (one.model_extra or {})["max_model_len"]) == ("sglang", sglang_server.max_context)
-    assert first == ("sglang", "served", None)
+    assert first == ("sglang", "fallback:sglang", None)
     assert other == ("llamacpp", "no-gpu", llamacpp_no_alias.model)
     assert err.code == "context_length_exceeded"
     assert f"maximum context length is {sglang_server.max_context} tokens" in err.message
