@@ -155,9 +155,9 @@ def test_serve_prints_each_model_and_where_it_routes(tmp_path: Path) -> None:
             if "any other name" in line:
                 break
     finally:
-        for p in [*sims, *([proc] if proc else [])]:
-            p.send_signal(signal.SIGTERM)
-            p.wait(timeout=30)
+        for child in [*sims, *([proc] if proc else [])]:
+            child.send_signal(signal.SIGTERM)
+            child.wait(timeout=30)
         if proc is not None and proc.stdout is not None:
             proc.stdout.close()
     models = [line.split(" model ", 1)[1].strip() for line in lines if " model " in line]
