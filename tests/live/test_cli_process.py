@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -155,7 +156,8 @@ def test_serve_prints_each_model_and_where_it_routes(tmp_path: Path) -> None:
             if "any other name" in line:
                 break
     finally:
-        for child in [*sims, *([proc] if proc else [])]:
+        children: list[subprocess.Popen[Any]] = [*sims, *([proc] if proc else [])]
+        for child in children:
             child.send_signal(signal.SIGTERM)
             child.wait(timeout=30)
         if proc is not None and proc.stdout is not None:
