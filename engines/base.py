@@ -101,6 +101,11 @@ class EngineAdapter(Protocol):
     def health_path(self) -> str: ...
 
     @property
+    def native_apis(self) -> frozenset[str]:
+        """The client protocols it serves itself ("messages", "count_tokens", "responses", "tokenize")."""
+        ...
+
+    @property
     def metrics_path(self) -> str:
         """Where the engine's Prometheus text lives; "" when it has none (don't scrape)."""
         ...

@@ -75,7 +75,16 @@ ADAPTER = TableAdapter(
     load=LOAD,
     tokenizer=LlamaCppTokenizer(),
     launch=launch,
-    # Some builds answer malformed JSON with a 500 where others send a 400.
-    client_faults=("json.exception.parse_error",),
+    # llama-server answers many client mistakes with a 500 (docs/reliability.md defect 2): malformed
+    # JSON or a number out of range ("seed": 1e400), a tool without its function, an image or audio
+    # part to a model without a projector, an unknown content part. Read here, they become a 400.
+    client_faults=(
+        "json.exception.",
+        "failed to parse",
+        "missing tool function",
+        "input is not supported",
+        "unsupported content",
+        "is not supported",
+    ),
     models=MODELS,
 )

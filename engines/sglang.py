@@ -49,6 +49,9 @@ ADAPTER = TableAdapter(
     load=LOAD,
     tokenizer=TOKENIZER,
     launch=launch,
+    # /v1/responses (stream too; GET by id and previous_response_id need --enable-response-store),
+    # /tokenize and /detokenize: measured on SGLang 0.5.23.
+    native_apis=frozenset({"responses", "tokenize"}),
     # /v1/models: {"id": <--served-model-name>, "owned_by": "sglang", "max_model_len": <the served window>};
     # /v1/tokenize's max_model_len is the model config's, not --context-length (tests/fixtures/sglang/).
     models=ModelsTable(window_keys=(("max_model_len",),)),

@@ -201,6 +201,9 @@ def cap_flag(flag: str, value: int | None) -> list[str]:
     return [] if value is None else [flag, str(value)]
 
 
+NATIVE_APIS = frozenset({"messages", "count_tokens", "responses", "tokenize"})
+"""The protocols an engine may serve natively: /v1/messages, /v1/messages/count_tokens,
+/v1/responses (+ by id), /tokenize + /detokenize in vLLM's shapes."""
 MAX_MODELS = 32
 """Models kept per backend from its /v1/models (the rest are ignored): the bound on
 gateway_backend_model_info's series and on what one engine can add to the gateway's /v1/models."""
@@ -275,6 +278,9 @@ class TableAdapter:
     launch: Callable[[LaunchSpec], list[str]] = no_launch
     client_faults: tuple[str, ...] = ()
     """Lower-case phrases that make an engine's 5xx the client's fault (a 400), e.g. a JSON parse error."""
+    native_apis: frozenset[str] = frozenset()
+    """The client protocols the engine serves itself, among NATIVE_APIS: their bytes pass through
+    (errors still normalised); the rest are translated to chat completions."""
     models: ModelsTable = DEFAULT_MODELS
     """What the engine serves and its context window (docs/routing.md, "Model discovery")."""
 

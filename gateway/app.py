@@ -11,6 +11,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.routing import Route
 
 from gateway.access.gate import AccessGate, CounterStore
 from gateway.access.keys import KeyRing
@@ -18,7 +19,7 @@ from gateway.access.memory_store import MemoryStore
 from gateway.asgi import Receive, Scope, Send
 from gateway.config import GatewayConfig
 from gateway.fleet.capacity import Capacity
-from gateway.fleet.health import HealthChecker, HealthState
+from gateway.fleet.health import HealthChecker, HealthState, PassiveHealth
 from gateway.fleet.registry import Registry
 from gateway.fleet.scraper import LoadScraper
 from gateway.hostinfo import resolve_platform
@@ -30,8 +31,10 @@ from gateway.pipeline.endpoint import CompletionEndpoint
 from gateway.pipeline.enforcer import CapEnforcer
 from gateway.pipeline.relay import Relay
 from gateway.pipeline.router import Router
+from gateway.pipeline.stored import StoredResponses
 from gateway.policy.rules import Platform
 from gateway.protocols.catalog import PROTOCOLS
+from gateway.protocols.response_store import ResponseStore
 from gateway.serving.lifecycle import Lifecycle
 from gateway.serving.routes import Endpoints, http_exception
 from gateway.upstream import UpstreamClient
@@ -59,6 +62,8 @@ class Gateway:
     scraper: LoadScraper
     lifecycle: Lifecycle
     access: AccessGate
+    responses: ResponseStore
+    """Responses id -> the backend that holds it (kept across reloads)."""
 
 
 def access_gate(config: GatewayConfig, metrics: GatewayMetrics, memory: MemoryStore | None = None) -> AccessGate:
@@ -81,6 +86,7 @@ def build(
     metrics: GatewayMetrics | None = None,
     lifecycle: Lifecycle | None = None,
     memory: MemoryStore | None = None,
+    responses: ResponseStore | None = None,
 ) -> Gateway:
     metrics = metrics or GatewayMetrics()
     registry = Registry(config)
@@ -92,7 +98,17 @@ def build(
     router = Router(config, registry, metrics, resolved)
     accounting = Accounting(metrics)
     timeouts = config.timeouts
-    relay = Relay(metrics, accounting, lifecycle, timeouts.idle_s, timeouts.keepalive_s, timeouts.first_byte_s)
+    passive = PassiveHealth(health_state, metrics)
+    relay = Relay(
+        metrics,
+        accounting,
+        lifecycle,
+        passive,
+        timeouts.idle_s,
+        timeouts.keepalive_s,
+        timeouts.first_byte_s,
+        config.limits.max_response_bytes,
+    )
     return Gateway(
         config=config,
         metrics=metrics,
@@ -105,13 +121,12 @@ def build(
         accounting=accounting,
         admission=Admission(capacity, router, config.limits, metrics),
         relay=relay,
-        attempts=Attempts(
-            capacity, health_state, upstream, router, relay, metrics, accounting, config.retry.max_attempts
-        ),
+        attempts=Attempts(capacity, passive, upstream, router, relay, metrics, accounting, config.retry.max_attempts),
         health=HealthChecker(registry, health_state, upstream, metrics, config.health),
         scraper=LoadScraper(registry, upstream, metrics, config.health),
         lifecycle=lifecycle,
         access=access_gate(config, metrics, memory),
+        responses=responses or ResponseStore(config.limits.max_response_ids),
     )
 
 
@@ -141,10 +156,16 @@ def _assemble(gw: Gateway) -> _Served:
             gw.relay,
             gw.accounting,
             gw.lifecycle,
+            gw.responses,
         )
         for protocol in PROTOCOLS.values()
     ]
+    stored = StoredResponses(gw.access, gw.responses, gw.registry, gw.upstream, gw.config.timeouts.first_byte_s)
     routes = Endpoints(gw.config, gw.registry, gw.metrics, gw.scraper, gw.lifecycle, gw.access).routes(endpoints)
+    routes += [
+        Route("/v1/responses/{response_id}", stored.get, methods=["GET"]),
+        Route("/v1/responses/{response_id}/cancel", stored.cancel, methods=["POST"]),
+    ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_exception})
     # Starlette's trailing-slash redirect builds its Location from the client's Host header (an open
     # redirect, issue 12 defect 11); an unknown path is an OpenAI-shaped 404 instead.
@@ -250,10 +271,15 @@ class GatewayApp:
 
     async def reload(self, config: GatewayConfig) -> None:
         """Swap in a gateway built from `config`; the old one drains in the background."""
-        new = _assemble(build(config, self._platform, self._metrics, self._lifecycle, self._memory))
+        pins = self._served.gateway.responses
+        if pins.max_ids != config.limits.max_response_ids:
+            pins = pins.resized(config.limits.max_response_ids)
+        new = _assemble(build(config, self._platform, self._metrics, self._lifecycle, self._memory, pins))
         await _start(new)
         old, self._served = self._served, new
         gone = {b.name for b in old.gateway.registry} - {b.name for b in new.gateway.registry}
+        for name in gone:  # its stored responses went with it: a later request naming one gets a 404
+            new.gateway.responses.forget_backend(name)
         task = asyncio.create_task(self._retire(old, gone), name="retire")
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)

@@ -108,6 +108,12 @@ class LimitsConfig(_Model):
     """How long a request may wait for a slot when every backend of its pool is at max_in_flight."""
     max_queue: Annotated[int, Field(ge=0)] = 1000
     """Requests waiting for a slot, gateway-wide; past it a request gets 429 at once."""
+    max_response_bytes: Annotated[int, Field(ge=1024)] = 64 * 1024 * 1024
+    """A non-stream upstream answer is read whole, up to this; past it the client gets 502
+    `response_too_large` and the backend a failure (streams are relayed chunk by chunk, unbounded)."""
+    max_response_ids: Annotated[int, Field(ge=1)] = 100_000
+    """Responses ids the gateway remembers the backend of (LRU, ~17 MB at the default); a request
+    naming a forgotten one gets OpenAI's 404 response_not_found, as for an unknown id."""
 
 
 class TimeoutsConfig(_Model):

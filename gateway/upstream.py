@@ -30,10 +30,18 @@ class UpstreamDisconnected(UpstreamError):
     default_code = "upstream_disconnected"
 
 
+class UpstreamTooLarge(UpstreamError):
+    """A non-stream answer longer than limits.max_response_bytes: never buffered whole."""
+
+    default_code = "response_too_large"
+
+
 def error_kind(exc: GatewayError) -> str:
     """The `kind` label of gateway_upstream_errors_total for a translated error."""
     if isinstance(exc, UpstreamConnectError):
         return "connect"
+    if isinstance(exc, UpstreamTooLarge):
+        return "too_large"
     if isinstance(exc, UpstreamTimeout):
         return "timeout_ttfb"
     return "bad_response"
@@ -72,14 +80,32 @@ class UpstreamResponse:
         self.status = resp.status
         self.headers: Mapping[str, str] = resp.headers
 
-    async def read(self, limit: float) -> bytes:
-        """The whole body, within `limit` seconds."""
+    async def read(self, limit: float, max_bytes: int) -> bytes:
+        """The whole body, within `limit` seconds and `max_bytes` (docs/reliability.md defect 14:
+        a 200 MB answer was buffered whole); past either the connection is closed."""
+        declared = self.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > max_bytes:
+            self._resp.close()
+            raise UpstreamTooLarge(f"Backend {self._what} sent a response larger than {max_bytes} bytes.")
+        parts: list[bytes] = []
+        size = 0
         try:
             async with asyncio.timeout(limit):
-                return await self._resp.read()
+                while chunk := await self._content.readany():
+                    size += len(chunk)
+                    if size > max_bytes:
+                        self._resp.close()
+                        raise UpstreamTooLarge(f"Backend {self._what} sent a response larger than {max_bytes} bytes.")
+                    parts.append(chunk)
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             self._resp.close()
             raise translate(exc, self._what) from None
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def unread(self) -> bool:
+        """Whether the backend has sent bytes the gateway has not read yet: a stream that went idle
+        with some waiting was held up by its client (not reading), not by the backend."""
+        return bool(getattr(self._content, "_size", 0))
 
     async def read_error(self, max_bytes: int) -> bytes:
         """Up to `max_bytes` of an error body (empty when even that fails); the connection is closed."""

@@ -14,7 +14,7 @@ from engines.sim.flavour_vllm import VllmFlavour
 from engines.sim.flavours import JsonObj, Reply, SglangFlavour
 from engines.sim.http import ClientGone, HttpConn, HttpRequest, reason_phrase
 from engines.sim.metrics import exposition
-from engines.sim.text import count_tokens, embedding, embedding_base64, render_chat
+from engines.sim.text import count_tokens, embedding, embedding_base64, render_chat, token_pieces
 
 Handler = Callable[[HttpConn, HttpRequest, Fault], Awaitable[None]]
 # Paths a gateway polls on its own (health checks, scrapes, discovery): not counted, not recorded, and the
@@ -45,8 +45,14 @@ class SimApi:
             ("GET", "/v1/models"): self.models,
             ("GET", "/metrics"): self.metrics,
             ("POST", "/tokenize"): self.tokenize,
+            ("POST", "/detokenize"): self.detokenize,
             ("POST", "/v1/embeddings"): self.embeddings,
         }
+        if isinstance(self.flavour, SglangFlavour):
+            self.routes[("POST", "/v1/tokenize")] = self.tokenize
+            self.routes[("POST", "/v1/detokenize")] = self.detokenize
+        self.vocab: dict[int, bytes] = {}
+        """Token id -> its bytes, learned from what this server tokenized (its ids are hashes)."""
         if isinstance(self.flavour, LlamacppFlavour):
             self.routes[("POST", "/apply-template")] = self.apply_template
             self.routes[("GET", "/slots")] = self.slots
@@ -73,6 +79,10 @@ class SimApi:
         if fault.stall_after is not None:
             await conn.gone.wait()
             raise ClientGone
+        if fault.short_body and status == 200:
+            await conn.send(body[: len(body) // 2])
+            await conn.kill(False)
+            raise Killed
         await conn.send(body)
 
     async def send_json(self, conn: HttpConn, fault: Fault, status: int, obj: Any) -> None:
@@ -96,7 +106,10 @@ class SimApi:
             page = f"<html><head><title>{status}</title></head><body><h1>{status} {phrase}</h1></body></html>"
             await self.send(conn, fault, status, page.encode(), "text/html")
             return
-        body = dumps(self.flavour.error(status, f"simulated error {status}"))
+        message = f"simulated error {status}"
+        if fault.client_error:
+            message = "[json.exception.out_of_range.406] number overflow parsing '1e400'"
+        body = dumps(self.flavour.error(status, message))
         if fault.body == "truncated":
             body = body[: len(body) // 2]
         elif fault.body == "empty":
@@ -105,6 +118,10 @@ class SimApi:
 
     async def route(self, conn: HttpConn, req: HttpRequest, fault: Fault) -> None:
         handler = self.routes.get((req.method, req.path))
+        if handler is None and req.path.startswith("/v1/responses/") and "/" not in req.path[14:].rstrip("/"):
+            handler = self.routes.get((req.method, "/v1/responses/{id}"))
+        elif handler is None and req.path.startswith("/v1/responses/") and req.path.endswith("/cancel"):
+            handler = self.routes.get((req.method, "/v1/responses/{id}/cancel"))
         if handler is not None:
             await handler(conn, req, fault)
         elif any(path == req.path for _, path in self.routes):
@@ -142,7 +159,23 @@ class SimApi:
         if isinstance(body, tuple):
             await self.send_json(conn, fault, *body)
             return
-        await self.send_json(conn, fault, *self.flavour.tokenize(body))
+        status, reply = self.flavour.tokenize(body)
+        text = body.get("content", body.get("prompt"))
+        if status == 200 and isinstance(text, str) and len(self.vocab) < 100_000:
+            self.vocab.update(token_pieces(text))
+        await self.send_json(conn, fault, status, reply)
+
+    async def detokenize(self, conn: HttpConn, req: HttpRequest, fault: Fault) -> None:
+        body = self.parse_body(req)
+        if isinstance(body, tuple):
+            await self.send_json(conn, fault, *body)
+            return
+        tokens = body.get("tokens")
+        if not isinstance(tokens, list) or not all(type(t) is int for t in tokens):
+            await self.send_error(conn, fault, 400, '"tokens" must be a list of token ids')
+            return
+        text = b"".join(self.vocab.get(t, b"<unk>") for t in tokens).decode("utf-8", "replace")
+        await self.send_json(conn, fault, 200, self.flavour.detokenized(text))
 
     async def apply_template(self, conn: HttpConn, req: HttpRequest, fault: Fault) -> None:
         body = self.parse_body(req)

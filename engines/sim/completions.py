@@ -39,6 +39,8 @@ def _parse(api: SimApi, body: JsonObj, chat: bool) -> _Parsed | Reply:
     if not isinstance(stream, bool):
         return 400, api.flavour.error(400, "'stream' must be a boolean")
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    if api.params.flavour == "llamacpp" and body.get("n_predict") is not None:
+        max_tokens = body["n_predict"]  # llama-server's own field wins over max_tokens, as there
     if max_tokens is not None and (type(max_tokens) is not int or max_tokens < 1):
         return 400, api.flavour.error(400, "'max_tokens' must be an integer >= 1")
     try:
@@ -140,6 +142,9 @@ async def _stream(api: SimApi, conn: HttpConn, fault: Fault, g: Gen, seq: SimSeq
         ("transfer-encoding", "chunked"),
     ]
     await conn.send_head(200, api.common_headers(conn, fault) + headers)
+    if fault.empty_stream:
+        await conn.send_chunk(b"")
+        return
     if fault.first_event_error:
         await _event(conn, dumps(api.flavour.error(500, "simulated error in the first event")))
         await _event(conn, b"[DONE]")

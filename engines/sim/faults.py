@@ -13,7 +13,7 @@ FAULT_HEADER = "x-sim-fault"
 
 _FLOATS = ("headers_delay", "first_token_delay", "chunk_delay", "retry_after")
 _INTS = ("stall_after", "die_after", "status", "split", "tokens")
-_FLAGS = ("first_event_error", "never", "garbage")
+_FLAGS = ("first_event_error", "never", "garbage", "client_error", "empty_stream", "short_body")
 _CHOICES: dict[str, tuple[str, ...]] = {"die": ("fin", "rst"), "body": ("json", "html", "truncated", "empty")}
 
 
@@ -37,6 +37,10 @@ class Fault:
     - ``never=1``: read the request, never answer.
     - ``garbage=1``: an SSE line without ``data:`` and a ``data:`` line of invalid JSON before the content.
     - ``tokens=N``: generate N tokens (finish_reason "stop"), unless max_tokens is lower.
+    - ``client_error=1`` with ``status=N``: the error's message is llama.cpp's for a client mistake it
+      answers with a 500 (a number out of range), so that the adapter, not the status, must judge it.
+    - ``empty_stream=1``: a 200 event stream that ends cleanly (the last chunk) without any event.
+    - ``short_body=1``: a non-stream 200 whose body stops half-way (Content-Length says more), then FIN.
     """
 
     headers_delay: float = 0.0
@@ -53,6 +57,9 @@ class Fault:
     never: bool = False
     garbage: bool = False
     tokens: int | None = None
+    client_error: bool = False
+    empty_stream: bool = False
+    short_body: bool = False
 
     @property
     def accented(self) -> bool:

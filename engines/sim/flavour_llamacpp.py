@@ -89,6 +89,9 @@ class LlamacppFlavour(OpenAIFlavour):
             return 400, self.error(400, '"content" must be a string')
         return 200, {"tokens": tokenize(body["content"])}
 
+    def detokenized(self, text: str) -> JsonObj:
+        return {"content": text}
+
     def slots(self, running: Sequence[SimSequence]) -> list[JsonObj]:
         """One entry per slot; running sequences fill the first ones. A slot without a task has only the
         first four keys (the real one keeps its last task's after it ends; the simulator forgets it)."""

@@ -101,6 +101,9 @@ class VllmFlavour(OpenAIFlavour):
         status, reply = super().tokenize(body)
         return status, (reply | {"token_strs": None} if status == 200 else reply)
 
+    def detokenized(self, text: str) -> JsonObj:
+        return {"prompt": text}
+
     def usage(self, g: Gen) -> JsonObj:
         details = {
             "cached_tokens": g.cached_tokens,

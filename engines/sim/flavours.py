@@ -134,6 +134,10 @@ class OpenAIFlavour:
         ids = tokenize(text)
         return 200, {"count": len(ids), "max_model_len": self.params.context_limit, "tokens": ids}
 
+    def detokenized(self, text: str) -> JsonObj:
+        """The /detokenize answer: SGLang's says "text" (vLLM's "prompt", llama.cpp's "content")."""
+        return {"text": text}
+
     def usage(self, g: Gen) -> JsonObj:
         return {
             "prompt_tokens": g.prompt_tokens,

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
+from engines.sim import responses
 from engines.sim.api import PROBE_PATHS, Killed, SimApi
 from engines.sim.completions import completion
 from engines.sim.engine import SimEngine
@@ -106,6 +107,14 @@ class SimServer:
         self.api = SimApi(self.engine)
         self.api.routes[("POST", "/v1/chat/completions")] = functools.partial(completion, self.api, chat=True)
         self.api.routes[("POST", "/v1/completions")] = functools.partial(completion, self.api, chat=False)
+        if params.flavour in ("vllm", "sglang"):  # the engines that serve the Responses API themselves
+            self.responses = responses.ResponseStore()
+            for method, path, handler in (
+                ("POST", "/v1/responses", responses.create),
+                ("GET", "/v1/responses/{id}", responses.retrieve),
+                ("POST", "/v1/responses/{id}/cancel", responses.cancel),
+            ):
+                self.api.routes[(method, path)] = functools.partial(handler, self.api, self.responses)
         self.stats = SimStats(core=self.engine.core)
         self._fault = parse_fault(params.fault)  # raises FaultSpecError (a ValueError) early
         self._probe_fault = Fault()

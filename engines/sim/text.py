@@ -47,6 +47,16 @@ def _chunk_ids(segment: str) -> list[int]:
     return [3 + zlib.crc32(raw[i : i + BYTES_PER_TOKEN]) % VOCAB for i in range(0, len(raw), BYTES_PER_TOKEN)]
 
 
+def token_pieces(text: str) -> list[tuple[int, bytes]]:
+    """Each token id of ``text`` (outside the specials) with the bytes it stands for."""
+    out: list[tuple[int, bytes]] = []
+    for segment in _SPECIAL_RE.split(text):
+        raw = segment.encode()
+        chunks = [raw[i : i + BYTES_PER_TOKEN] for i in range(0, len(raw), BYTES_PER_TOKEN)]
+        out.extend((3 + zlib.crc32(c) % VOCAB, c) for c in chunks)
+    return out
+
+
 def count_tokens(text: str) -> int:
     """Same count as ``len(tokenize(text))``, without building the list."""
     total = 0

@@ -58,6 +58,24 @@ class HealthState:
             self.set_health(backend, False)
 
 
+class PassiveHealth:
+    """What the serving path reports about a backend: each failure that is the backend's (counted
+    under its kind in gateway_upstream_errors_total, and towards ejection), and each whole answer."""
+
+    def __init__(self, state: HealthState, metrics: GatewayMetrics) -> None:
+        self._state = state
+        self._metrics = metrics
+
+    def failure(self, backend: Backend, kind: str, penalise: bool = True) -> None:
+        self._metrics.upstream_errors.labels(backend.pool, backend.name, kind).inc()
+        if penalise and self._state.record_failure(backend):
+            self._metrics.backend_up.labels(backend.pool, backend.name, backend.engine).set(0)
+
+    def success(self, backend: Backend) -> None:
+        """A whole answer reached the client: only then does the failure count start again."""
+        self._state.record_success(backend)
+
+
 class HealthChecker:
     def __init__(
         self,

@@ -1,6 +1,7 @@
 """Try a request's backends in order until one answers: retry only before the first byte reaches
-the client, within retry.max_attempts and the retry budget; report each result to passive health;
-teach the balancer once, from the backend that answered; then hand over to the relay."""
+the client, within retry.max_attempts and the retry budget; report each result to passive health
+(an error is judged by the engine adapter's reading of it, never by its raw status); teach the
+balancer from the backend that answered; then hand over to the relay."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from gateway.errors import (
     parse_retry_after,
 )
 from gateway.fleet.capacity import Capacity
-from gateway.fleet.health import HealthState
+from gateway.fleet.health import PassiveHealth
 from gateway.fleet.registry import Backend
 from gateway.metrics import GatewayMetrics
 from gateway.pipeline.accounting import Accounting
@@ -27,7 +28,7 @@ from gateway.pipeline.headers import for_backend
 from gateway.pipeline.relay import IdleEnd, Relay
 from gateway.pipeline.router import Plan, Router
 from gateway.protocols.base import Inbound, ProtocolAdapter
-from gateway.upstream import UpstreamClient, UpstreamResponse, error_kind
+from gateway.upstream import UpstreamClient, UpstreamResponse, UpstreamTooLarge, error_kind
 
 _MAX_ERROR_BODY = 64 * 1024
 
@@ -36,7 +37,7 @@ class Attempts:
     def __init__(
         self,
         capacity: Capacity,
-        health: HealthState,
+        health: PassiveHealth,
         upstream: UpstreamClient,
         router: Router,
         relay: Relay,
@@ -101,25 +102,40 @@ class Attempts:
                     )
                 except (UpstreamError, UpstreamTimeout) as exc:
                     last_error = exc
-                    self._count_failure(backend, error_kind(exc))
+                    self._health.failure(backend, error_kind(exc))
                     continue
                 if resp.status != 200:
+                    # The adapter reads the error first (docs/reliability.md defect 2): llama.cpp
+                    # answers some client mistakes with a 500, and those are the client's: a 400,
+                    # no retry, no failure counted against the backend.
                     error = await _error_from(resp, backend)
-                    if resp.status >= 500 or resp.status == 429:
+                    status = error.status_code
+                    if status >= 500 or status == 429:
                         last_error = error
-                        self._count_failure(
-                            backend, "status_429" if resp.status == 429 else "status_5xx", penalise=resp.status >= 500
+                        self._health.failure(
+                            backend, "status_429" if status == 429 else "status_5xx", penalise=status >= 500
                         )
                         continue
                     raise error
-                self._health.record_success(backend)
                 self._router.learn(plan, backend.name)
                 if upstream_model is not None:  # an alias, a backend's `model:`, or a wildcard's rewrite
                     ex.headers.append((b"x-gateway-model", upstream_model.encode("latin-1", "replace")))
-                if inbound.stream:
-                    await self._relay.stream(ex, send, resp, protocol, inbound, edits, target, owner)
-                else:
-                    await self._relay.body(ex, send, resp, protocol, inbound, target)
+                try:
+                    if inbound.stream:
+                        await self._relay.stream(ex, send, resp, protocol, inbound, edits, target, owner)
+                    else:
+                        await self._relay.body(ex, send, resp, protocol, inbound, target)
+                except (UpstreamError, UpstreamTimeout) as exc:
+                    # The backend failed after its headers but before any byte reached the client
+                    # (defect 7): its failure, and another backend may still answer. A first-token
+                    # timeout or an over-long answer would only repeat: not retried.
+                    self._health.failure(backend, error_kind(exc))
+                    if ex.response_started or isinstance(exc, UpstreamTimeout | UpstreamTooLarge):
+                        raise
+                    last_error = exc
+                    continue
+                if ex.outcome == "success":
+                    self._health.success(backend)
                 return
             finally:
                 gauge.dec()
@@ -127,11 +143,6 @@ class Attempts:
                 if took_retry:
                     self._capacity.give_back_retry()
         raise last_error or NoHealthyBackend("No healthy backend is available.", retry_after=5)
-
-    def _count_failure(self, backend: Backend, kind: str, penalise: bool = True) -> None:
-        self._metrics.upstream_errors.labels(backend.pool, backend.name, kind).inc()
-        if penalise and self._health.record_failure(backend):
-            self._metrics.backend_up.labels(backend.pool, backend.name, backend.engine).set(0)
 
 
 async def _error_from(resp: UpstreamResponse, backend: Backend) -> GatewayError:

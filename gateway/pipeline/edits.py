@@ -51,8 +51,15 @@ def needs_encoding(edits: Edits, client_model: str, model: str | None) -> bool:
     return edits.changes_body or (model is not None and model != client_model)
 
 
-def apply_edits(body: Mapping[str, Any], edits: Edits, max_tokens_field: str | None, model: str | None) -> bytes:
-    """A new body (the parsed one is never touched) with the edits applied, encoded once."""
+def apply_edits(
+    body: Mapping[str, Any],
+    edits: Edits,
+    max_tokens_field: str | None,
+    model: str | None,
+    length_fields: Sequence[str] = (),
+) -> bytes:
+    """A new body (the parsed one is never touched) with the edits applied, encoded once. A
+    max_tokens edit goes into `max_tokens_field` and every other length field the client set."""
     out = dict(body)
     for name in edits.drop_fields:
         out.pop(name, None)
@@ -60,6 +67,8 @@ def apply_edits(body: Mapping[str, Any], edits: Edits, max_tokens_field: str | N
         out["messages"] = [dict(m) for m in edits.messages]
     if edits.max_tokens is not None and max_tokens_field is not None:
         out[max_tokens_field] = edits.max_tokens
+        for name in length_fields:
+            out[name] = edits.max_tokens
     if edits.include_usage:
         out["stream_options"] = {**(out.get("stream_options") or {}), "include_usage": True}
     if model is not None:

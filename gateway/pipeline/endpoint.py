@@ -17,12 +17,13 @@ from typing import Any
 from gateway.access.gate import AccessGate
 from gateway.access.keys import ClientKey
 from gateway.asgi import Receive, Scope, Send
-from gateway.config import GatewayConfig
+from gateway.config import GatewayConfig, RouteConfig
 from gateway.errors import (
     GatewayError,
     InvalidRequest,
     ModelNotFound,
     NoHealthyBackend,
+    NotFound,
     Overloaded,
     PayloadTooLarge,
     RateLimited,
@@ -36,8 +37,9 @@ from gateway.pipeline.enforcer import NO_PROMPT, CapEnforcer, PromptCount
 from gateway.pipeline.exchange import Exchange, Outcome
 from gateway.pipeline.headers import error_headers, upstream_headers
 from gateway.pipeline.relay import EndReason, Relay, StreamCut
-from gateway.pipeline.router import Router
-from gateway.protocols.base import ProtocolAdapter
+from gateway.pipeline.router import Plan, Router
+from gateway.protocols.base import Inbound, ProtocolAdapter
+from gateway.protocols.response_store import ResponseStore, not_found_body
 from gateway.serving.lifecycle import Lifecycle
 
 log = logging.getLogger(__name__)
@@ -73,6 +75,7 @@ class CompletionEndpoint:
         relay: Relay,
         accounting: Accounting,
         lifecycle: Lifecycle,
+        pins: ResponseStore | None = None,
     ) -> None:
         self.protocol = protocol
         self.path = protocol.path
@@ -85,6 +88,8 @@ class CompletionEndpoint:
         self._relay = relay
         self._accounting = accounting
         self._lifecycle = lifecycle
+        self._pins = pins if pins is not None else ResponseStore()
+        """Which backend holds which stored answer (Responses ids); shared by the endpoints that use it."""
         # Request ids: a random per-endpoint prefix and a counter; os.urandom per request was a syscall.
         self._id_prefix = os.urandom(6).hex()
         self._id_counter = itertools.count(1)
@@ -124,7 +129,10 @@ class CompletionEndpoint:
             watcher = asyncio.create_task(_listen_for_disconnect(receive, ex, ending))
             view = protocol.estimate_view(inbound)
             estimate = self._caps.routing_estimate(route, inbound, view)
-            plan = self._router.plan(route, inbound, view, headers, estimate, resolved.name)
+            if inbound.pin is None:
+                plan = self._router.plan(route, inbound, view, headers, estimate, resolved.name)
+            else:
+                plan = self._pinned(route, inbound, view, headers, estimate)
             ex.pool, ex.rule = plan.pool, plan.rule
             backends, plan = await self._admission.admit(plan, route.label)
             first = self._router.upstream_model(plan, backends[0], route.upstream_model, inbound.model)
@@ -182,11 +190,41 @@ class CompletionEndpoint:
             ending.finished = True
             if watcher is not None:
                 watcher.cancel()
+            if ex.answer_id is not None:
+                self._pins.put(ex.answer_id, ex.backend_name)
             self._accounting.finish(ex)
             usage = ex.reported_usage()
             self._access.account(client, usage, ex.prompt_estimate + ex.streamed_tokens if ex.sent_at else 0)
             if ex.outcome == "success" and usage is not None:
                 self._caps.learn(count, prompt_tokens(usage))
+
+    def _pinned(self, route: RouteConfig, inbound: Inbound, view: Any, headers: dict[str, str], estimate: int) -> Plan:
+        """The plan of a request that names stored state: the one backend that holds it, or OpenAI's 404
+        when no live backend of the route does (unknown id, forgotten past the bound, backend gone)."""
+        assert inbound.pin is not None
+        plan = self._router.pinned(route, inbound, view, headers, self._pins.get(inbound.pin), estimate)
+        if plan is None:
+            self._refuse_everywhere(route, inbound)
+            body = not_found_body(_clip(inbound.pin, 200))["error"]
+            raise NotFound(body["message"], param="previous_response_id", code=body["code"])
+        if plan.saturated:
+            raise Overloaded(
+                f"The backend that holds '{_clip(inbound.pin)}' is at its concurrency limit.", retry_after=1
+            )
+        return plan
+
+    def _refuse_everywhere(self, route: RouteConfig, inbound: Inbound) -> None:
+        """When no backend of the route could take the request at all (Responses' previous_response_id
+        where every engine is translated), raise that 400 rather than a 404 for the id."""
+        refusal: GatewayError | None = None
+        for kind in self._router.engine_kinds(route):
+            try:
+                self.protocol.target(inbound, kind)
+                return
+            except InvalidRequest as err:
+                refusal = err
+        if refusal is not None:
+            raise refusal
 
 
 async def _listen_for_disconnect(receive: Receive, ex: Exchange, ending: RequestEnd) -> None:

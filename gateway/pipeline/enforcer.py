@@ -22,6 +22,7 @@ from gateway.policy.caps import (
     cap_source,
     decide,
     effective_cap,
+    learnable,
     message_chars,
     prompt_size,
     truncate_oldest,
@@ -39,6 +40,8 @@ class PromptCount:
     key: tuple[str, str] | None = None
     chars: int = 0
     messages: int = 0
+    wide: int = 0
+    """Non-ASCII bytes, counted as tokens in the estimate (policy/caps.py wide_bytes)."""
     estimate: int = 0
     exact: int | None = None
 
@@ -57,8 +60,9 @@ class CapEnforcer:
         """The prompt-token estimate that prompt-size rules see, before a backend is chosen."""
         if view is None:
             return 0
-        chars, messages, known = prompt_size(view)
-        return self.estimator.estimate((route.label, route.upstream_model or inbound.model), chars, messages, known)
+        chars, messages, known, wide = prompt_size(view)
+        key = (route.label, route.upstream_model or inbound.model)
+        return self.estimator.estimate(key, chars, messages, known + wide)
 
     async def apply(
         self,
@@ -74,11 +78,11 @@ class CapEnforcer:
         if view is None:
             return NO_EDITS, NO_PROMPT
         caps = route.caps
-        chars, messages, known = prompt_size(view)
+        chars, messages, known, wide = prompt_size(view)
         model = model or backend.model or route.upstream_model or inbound.model
         key = (route.label, model)
-        estimate = self.estimator.estimate(key, chars, messages, known)
-        count = PromptCount(key, chars, messages, estimate)
+        estimate = self.estimator.estimate(key, chars, messages, known + wide)
+        count = PromptCount(key, chars, messages, wide, estimate)
         window = backend.window
         cap = effective_cap(caps.max_context_tokens, window)
         if cap is None and caps.default_max_tokens is None and caps.max_tokens_limit is None:
@@ -90,7 +94,7 @@ class CapEnforcer:
                 method = "estimate_fallback"
             else:
                 prompt, method = exact, "exact"
-                count = PromptCount(key, chars, messages, estimate, exact)
+                count = PromptCount(key, chars, messages, wide, estimate, exact)
         decision = decide(caps, prompt, inbound.max_tokens, window)
         edits = NO_EDITS
         if decision.action == "reject" or (cap is not None and prompt > cap):
@@ -146,8 +150,8 @@ class CapEnforcer:
         kept, dropped = result
         messages = tuple(dict(m) for m in kept)
         shorter = {**view, "messages": list(messages)}
-        chars, count, _ = prompt_size(shorter)
-        new_prompt = self.estimator.estimate(key, chars, count)
+        chars, count, _, wide = prompt_size(shorter)
+        new_prompt = self.estimator.estimate(key, chars, count, wide)
         exact: int | None = None
         if method == "exact":
             exact = await self.count(backend, model, shorter)
@@ -162,7 +166,7 @@ class CapEnforcer:
         decision = decide(route.caps, new_prompt, inbound.max_tokens, window)
         if decision.action == "reject":
             raise ContextLengthExceeded(decision.message, param="messages")
-        return edits, PromptCount(key, chars, count, new_prompt, exact), decision
+        return edits, PromptCount(key, chars, count, wide, new_prompt, exact), decision
 
     async def count(self, backend: Backend, model: str, body: Mapping[str, Any]) -> int | None:
         """The engine's exact prompt token count, or None when it can't say."""
@@ -192,7 +196,7 @@ class CapEnforcer:
 
     def learn(self, count: PromptCount, prompt_tokens: int | None) -> None:
         """Teach the estimator from what the engine counted (or the exact count, without usage)."""
-        if count.key is None:
+        if count.key is None or not learnable(count.chars, count.wide):
             return
         tokens = prompt_tokens if prompt_tokens is not None else count.exact
         if tokens:

@@ -12,6 +12,7 @@ from typing import Literal, Protocol
 
 from gateway.asgi import Send
 from gateway.errors import EngineError, GatewayError, ShuttingDown, UpstreamError, UpstreamTimeout
+from gateway.fleet.health import PassiveHealth
 from gateway.fleet.registry import Backend
 from gateway.metrics import GatewayMetrics
 from gateway.pipeline.accounting import Accounting, prompt_tokens
@@ -33,13 +34,16 @@ _COUNT_EVERY = 16
 class IdleWatch:
     """Ends the request (through its owner's `end`) once no chunk has moved for `idle_s`. One timer
     that re-arms itself from the last chunk's time: rescheduling a timeout on every chunk cost ~4 us
-    a token. It cancels nothing itself."""
+    a token. It cancels nothing itself. When it fires it notes whether the backend had sent bytes
+    still unread (the client stopped reading: not the backend's fault)."""
 
-    __slots__ = ("_end", "_handle", "_idle_s", "_loop", "last")
+    __slots__ = ("_end", "_ex", "_handle", "_idle_s", "_loop", "_resp", "last")
 
-    def __init__(self, idle_s: float, end: IdleEnd) -> None:
+    def __init__(self, idle_s: float, end: IdleEnd, ex: Exchange, resp: UpstreamResponse) -> None:
         self._loop = asyncio.get_running_loop()
         self._end = end
+        self._ex = ex
+        self._resp = resp
         self._idle_s = idle_s
         self.last = float("inf")  # until the first chunk: the first-token wait has its own limit
         self._handle = self._loop.call_later(idle_s, self._check)
@@ -47,6 +51,7 @@ class IdleWatch:
     def _check(self) -> None:
         due = self.last + self._idle_s
         if self._loop.time() >= due:
+            self._ex.client_stalled = self._resp.unread()
             self._end.end("idle_limit")
         else:
             self._handle = self._loop.call_at(min(due, self._loop.time() + self._idle_s), self._check)
@@ -76,11 +81,15 @@ class Relay:
         metrics: GatewayMetrics,
         accounting: Accounting,
         lifecycle: Lifecycle,
+        passive: PassiveHealth,
         idle_s: float,
         keepalive_s: float,
         first_token_s: float,
+        max_response_bytes: int = 64 << 20,
     ) -> None:
         self._metrics = metrics
+        self._passive = passive
+        self._max_response_bytes = max_response_bytes
         self._lifecycle = lifecycle
         self._accounting = accounting
         self._idle_s = idle_s
@@ -98,8 +107,9 @@ class Relay:
         inbound: Inbound,
         target: Target,
     ) -> None:
-        raw = await resp.read(max(self._idle_s, self._first_token_s))
+        raw = await resp.read(max(self._idle_s, self._first_token_s), self._max_response_bytes)
         resp.release()
+        ex.answer_id = protocol.answer_id(raw)
         try:
             parsed = json.loads(raw)
         except ValueError:
@@ -153,10 +163,13 @@ class Relay:
         clock = time.perf_counter
         relay_s = 0.0
         chunks = 0
-        watch = IdleWatch(self._idle_s, owner)
+        watch = IdleWatch(self._idle_s, owner, ex, resp)
         try:
             first = await self._first_chunk(ex, send, resp)
+            if not first and not ex.response_started:  # a clean, empty stream: retried by the attempts
+                raise StreamCut("upstream_error_midstream", f"Backend {ex.backend_name} sent an empty stream.")
             t0 = clock()
+            ex.answer_id = protocol.answer_id(first)
             out = observer.feed(first, t0) if first else b""
             if observer.error is not None and not ex.response_started:
                 assert ex.backend is not None
@@ -227,6 +240,8 @@ class Relay:
                     done, _ = await asyncio.wait((read,), timeout=min(self._keepalive_s, left))
                     if done:
                         return read.result()
+                    if left <= self._keepalive_s:  # the deadline passed, not the ping interval: 504
+                        raise TimeoutError
                     if not ex.response_started:
                         await self._start_stream(ex, send)
                     await send({"type": "http.response.body", "body": _PING, "more_body": True})
@@ -243,24 +258,26 @@ class Relay:
 
     async def cut(self, ex: Exchange, send: Send, protocol: ProtocolAdapter, cut: StreamCut) -> None:
         """A stream that broke after the client got its headers: one error event, and no
-        [DONE], so the client can tell a cut-off answer from a finished one. While the gateway
-        drains, a backend that goes away is taken to go with it (one Ctrl-C stops both): the
-        event says the gateway is shutting down, and nothing is counted against the backend."""
+        [DONE], so the client can tell a cut-off answer from a finished one; the backend gets a
+        failure (docs/reliability.md defect 8), unless the stall was the client's (not reading).
+        Before the client got its headers it raises instead, and the attempts count and retry.
+        While the gateway drains, a backend that goes away is taken to go with it (one Ctrl-C stops
+        both): the event says the gateway is shutting down, and nothing is counted against it."""
         if self._lifecycle.draining and cut.outcome == "upstream_error_midstream":
-            ex.outcome = "overloaded"
             if not ex.response_started:
                 raise ShuttingDown()
+            ex.outcome = "overloaded"
             event = protocol.error_body(ShuttingDown())
             last = b"data: " + event + b"\n\n"
         else:
-            ex.outcome = cut.outcome
-            kind = cut.outcome if cut.outcome in ("timeout_idle", "timeout_ttfb") else "midstream"
-            if ex.backend is not None:
-                self._metrics.upstream_errors.labels(ex.pool, ex.backend_name, kind).inc()
             if not ex.response_started:
                 if cut.outcome == "timeout_ttfb":
                     raise UpstreamTimeout(cut.message)
                 raise UpstreamError(cut.message, code="upstream_disconnected")
+            ex.outcome = cut.outcome
+            kind = cut.outcome if cut.outcome in ("timeout_idle", "timeout_ttfb") else "midstream"
+            if ex.backend is not None:
+                self._passive.failure(ex.backend, kind, penalise=not ex.client_stalled)
             last = protocol.error_event(cut.message, cut.outcome)
         # A client that stopped reading (the reason the stream stalled, perhaps) must not hold this
         # task forever: give the last event a few seconds, then let uvicorn close the connection.

@@ -160,6 +160,29 @@ class Router:
             wildcard=route.is_glob,
         )
 
+    def pinned(
+        self,
+        route: RouteConfig,
+        inbound: Inbound,
+        view: Mapping[str, Any] | None,
+        headers: dict[str, str],
+        backend: str | None,
+        prompt_tokens: int = 0,
+    ) -> Plan | None:
+        """A plan of one backend, past the rules and the balancer, for a request that names state only
+        `backend` holds; None when that backend is gone or serves none of the route's pools."""
+        found = self._registry.by_name.get(backend) if backend is not None else None
+        if found is None or found.retired or found.pool not in route.pools:
+            return None
+        facts, fp = self.facts(route, inbound, view, headers, prompt_tokens, time.monotonic())
+        self._metrics.child(self._metrics.route_decisions, route.label, found.pool, "pinned").inc()
+        ready = found.healthy and found.has_room()
+        return Plan(found.pool, "pinned", [found] if ready else [], facts, fp, saturated=found.healthy and not ready)
+
+    def engine_kinds(self, route: RouteConfig) -> set[str]:
+        """The engine kinds of the route's backends."""
+        return {b.engine for pool in route.pools for b in self._registry.pools.get(pool, ())}
+
     def _healthy_servers(self, serving: Mapping[str, tuple[str, ...]]) -> dict[str, tuple[str, ...] | None]:
         """Pool -> its healthy backends that serve the name, and those that never said what they
         serve (None: all of the pool's backends do; the usual case, no scan)."""

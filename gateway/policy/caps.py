@@ -23,50 +23,89 @@ PER_PROMPT_TOKENS = 3
 # so an unlearned route errs towards asking the engine for an exact count.
 PRIOR_CHARS_PER_TOKEN = 3.0
 _MIN_RATIO, _MAX_RATIO = 0.5, 12.0
+# A prompt whose non-ASCII bytes exceed 1/8 of its ASCII characters teaches the fit nothing: its
+# tokens are mostly the non-ASCII text's, which is counted at its bound, not learned.
+_LEARN_WIDE_SHARE = 8
+
+
+def wide_bytes(text: str) -> int:
+    """The UTF-8 bytes of `text`'s non-ASCII characters: a bound on their tokens, since byte-level
+    BPE and byte-fallback tokenizers never make more tokens than bytes (docs/reliability.md defect 5:
+    2,400 emoji, 4 bytes and up to 4 tokens each, passed a per-character estimate under the cap)."""
+    if text.isascii():  # O(1) in CPython: the common case costs nothing
+        return 0
+    return len(text.encode("utf-8", "surrogatepass")) - len(text.encode("ascii", "ignore"))
 
 
 def message_chars(message: Mapping[str, Any]) -> int:
+    return _message_size(message)[0]
+
+
+def _message_size(message: Mapping[str, Any]) -> tuple[int, int]:
+    """(characters, non-ASCII bytes) of one message's text, tool calls included."""
     content = message.get("content")
+    wide = 0
     if isinstance(content, str):
         n = len(content)
+        wide = wide_bytes(content)
     elif isinstance(content, list):
         n = 0
         for part in content:
             if isinstance(part, dict):
                 text = part.get("text")
-                n += len(text) if isinstance(text, str) else 64
+                if isinstance(text, str):
+                    n += len(text)
+                    wide += wide_bytes(text)
+                else:
+                    n += 64
     else:
         n = 0
     calls = message.get("tool_calls")
     if calls:
-        n += len(str(calls))
-    return n
+        text = str(calls)
+        n += len(text)
+        wide += wide_bytes(text)
+    return n, wide
 
 
-def prompt_size(body: Mapping[str, Any]) -> tuple[int, int, int]:
-    """(characters, messages, exact tokens already known) of a chat or completions body."""
+def prompt_size(body: Mapping[str, Any]) -> tuple[int, int, int, int]:
+    """(characters, messages, exact tokens already known, non-ASCII bytes) of a chat or completions
+    body. The estimate counts the non-ASCII bytes as tokens on top of the learned per-character
+    part, so it never under-counts a script the fit has not learned."""
     messages = body.get("messages")
     if isinstance(messages, list):
-        chars = 0
+        chars = wide = 0
         for m in messages:
             # Fast path for the common shape (string content, no tool calls): this runs per request.
             content = m.get("content") if type(m) is dict else None
             if type(content) is str and "tool_calls" not in m:
                 chars += len(content)
+                if not content.isascii():
+                    wide += wide_bytes(content)
             elif isinstance(m, dict):
-                chars += message_chars(m)
+                n, w = _message_size(m)
+                chars += n
+                wide += w
         tools = body.get("tools")
         if tools:
-            chars += len(str(tools))
-        return chars, len(messages), 0
+            text = str(tools)
+            chars += len(text)
+            wide += wide_bytes(text)
+        return chars, len(messages), 0, wide
     prompt = body.get("prompt")
     if isinstance(prompt, str):
-        return len(prompt), 1, 0
+        return len(prompt), 1, 0, wide_bytes(prompt)
     if isinstance(prompt, list):
         if all(isinstance(t, int) for t in prompt):
-            return 0, 0, len(prompt)
-        return sum(len(p) for p in prompt if isinstance(p, str)), 1, 0
-    return 0, 0, 0
+            return 0, 0, len(prompt), 0
+        texts = [p for p in prompt if isinstance(p, str)]
+        return sum(len(p) for p in texts), 1, 0, sum(wide_bytes(p) for p in texts)
+    return 0, 0, 0, 0
+
+
+def learnable(chars: int, wide: int) -> bool:
+    """Whether a prompt may teach the per-character fit: not when non-ASCII text dominates it."""
+    return wide * _LEARN_WIDE_SHARE <= chars
 
 
 class _Fit:

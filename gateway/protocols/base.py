@@ -12,7 +12,7 @@ from gateway.config import LimitsConfig
 from gateway.errors import GatewayError
 from gateway.pipeline.edits import Edits
 
-Api = Literal["chat", "completions", "embeddings", "messages", "responses"]
+Api = Literal["chat", "completions", "embeddings", "messages", "responses", "tokenize", "detokenize"]
 """The client protocols, by name; each has one adapter (gateway/protocols/catalog.py)."""
 
 
@@ -42,6 +42,12 @@ class Inbound:
     translated: Mapping[str, Any] | None = None
     """A translating protocol's chat-shaped body, computed once in parse, for its estimate_view and
     encode (None for the OpenAI protocols, whose body is already chat-shaped)."""
+    length_fields: tuple[str, ...] = ()
+    """Every output-length field the client set (engines' own too: `n_predict`, ...); a max_tokens
+    edit writes them all, so none can carry more than the cap allows."""
+    pin: str | None = None
+    """An id of state that one backend holds (Responses' previous_response_id): the request must go
+    to the backend that answered with that id, not to the balancer's choice."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +129,12 @@ class ProtocolAdapter(Protocol):
 
     def response_body(self, inbound: Inbound, raw: bytes, parsed: Any, target: Target) -> bytes:
         """A non-stream answer for the client: `raw` itself for a native target."""
+        ...
+
+    def answer_id(self, data: bytes) -> str | None:
+        """The id of state the backend stored for this answer (a Responses id), found in a body or
+        a stream's first chunk, so that later requests naming it reach that backend; None when the
+        protocol stores nothing (called once per answer, so it must be cheap)."""
         ...
 
     def usage(self, parsed: Any) -> dict[str, Any] | None:

@@ -9,5 +9,9 @@ from gateway.protocols.base import Api, ProtocolAdapter
 from gateway.protocols.chat import CHAT
 from gateway.protocols.completions import COMPLETIONS
 from gateway.protocols.embeddings import EMBEDDINGS
+from gateway.protocols.responses import RESPONSES
+from gateway.protocols.tokenize import DETOKENIZE, TOKENIZE
 
-PROTOCOLS: Mapping[Api, ProtocolAdapter] = MappingProxyType({p.api: p for p in (CHAT, COMPLETIONS, EMBEDDINGS)})
+PROTOCOLS: Mapping[Api, ProtocolAdapter] = MappingProxyType(
+    {p.api: p for p in (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, TOKENIZE, DETOKENIZE)}
+)

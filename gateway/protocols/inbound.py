@@ -15,7 +15,14 @@ Kind = Literal["chat", "completions", "embeddings"]
 
 # Fields a client might use to steer the upstream URL or credentials (LiteLLM #37053). The backend
 # URL and key always come from config, so these are dropped before forwarding.
-_STEERING_FIELDS = ("api_base", "base_url", "api_key", "api_version", "custom_llm_provider", "organization")
+# Output-length fields some engine honours besides `max_tokens` (docs/reliability.md defect 6; ENGINES.md):
+# OpenAI's and vLLM's `max_completion_tokens`, llama.cpp's `n_predict`, the `max_new_tokens` of SGLang,
+# LMDeploy and TGI, Ollama's `num_predict`. The largest one present is what the caps see, and a clamp
+# writes every one of them, so no engine's field can carry more than the limit.
+LENGTH_FIELDS = ("max_tokens", "max_completion_tokens", "n_predict", "max_new_tokens", "num_predict")
+_UNBOUNDED = (-1, -2)
+"""llama.cpp's and Ollama's "no limit" (-1) and "until the context is full" (-2): no number asked for."""
+STEERING_FIELDS = ("api_base", "base_url", "api_key", "api_version", "custom_llm_provider", "organization")
 _MAX_MODEL_CHARS = 256
 _MAX_INT = 2**31 - 1
 
@@ -104,6 +111,34 @@ def _has_lone_surrogate(value: Any) -> bool:
     return False
 
 
+def positive_int(body: dict[str, Any], field: str) -> int | None:
+    """A positive integer field, or None when absent; InvalidRequest naming the field otherwise."""
+    return _positive_int(body, field)
+
+
+def check_model(body: dict[str, Any]) -> str:
+    """The body's model name; InvalidRequest when it is missing, too long or not printable."""
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("'model' is required and must be a string.", param="model", code="invalid_type")
+    if len(model) > _MAX_MODEL_CHARS or not model.isprintable():
+        raise InvalidRequest("'model' is too long or contains control characters.", param="model", code="invalid_value")
+    return model
+
+
+def _length_limit(body: dict[str, Any]) -> tuple[int | None, tuple[str, ...]]:
+    """The largest output length asked for in any engine's field, and the fields present."""
+    present = tuple(name for name in LENGTH_FIELDS if body.get(name) is not None)
+    largest: int | None = None
+    for name in present:
+        if name in ("n_predict", "num_predict") and body[name] in _UNBOUNDED and type(body[name]) is int:
+            continue
+        value = _positive_int(body, name)
+        if value is not None and (largest is None or value > largest):
+            largest = value
+    return largest, present
+
+
 def _positive_int(body: dict[str, Any], field: str) -> int | None:
     value = body.get(field)
     if value is None:
@@ -187,7 +222,7 @@ def parse_request(
     if best_of is not None and best_of > max_n:
         raise InvalidRequest(f"'best_of' must be at most {max_n}.", param="best_of", code="invalid_value")
     field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    max_tokens = _positive_int(body, field)
+    max_tokens, length_fields = _length_limit(body)
     messages = None
     tools = body.get("tools")
     if tools is not None and not isinstance(tools, list):
@@ -215,9 +250,10 @@ def parse_request(
         include_usage=include_usage,
         max_tokens=max_tokens,
         max_tokens_field=None if kind == "embeddings" else field,
+        length_fields=() if kind == "embeddings" else length_fields,
         n=n,
         messages=messages,
         has_tools=bool(tools),
         user=user,
-        stripped=tuple(name for name in _STEERING_FIELDS if name in body),
+        stripped=tuple(name for name in STEERING_FIELDS if name in body),
     )

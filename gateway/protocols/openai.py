@@ -52,7 +52,7 @@ class OpenAIProtocol:
     def encode(self, inbound: Inbound, edits: Edits, model: str | None, target: Target) -> bytes:
         if not needs_encoding(edits, inbound.model, model):
             return inbound.raw
-        return apply_edits(inbound.body, edits, inbound.max_tokens_field, model)
+        return apply_edits(inbound.body, edits, inbound.max_tokens_field, model, inbound.length_fields)
 
     def observer(self, inbound: Inbound, edits: Edits, target: Target) -> SseObserver:
         return StreamObserver(strip_usage=edits.include_usage)
@@ -62,6 +62,9 @@ class OpenAIProtocol:
 
     def response_body(self, inbound: Inbound, raw: bytes, parsed: Any, target: Target) -> bytes:
         return raw
+
+    def answer_id(self, data: bytes) -> str | None:
+        return None
 
     def usage(self, parsed: Any) -> dict[str, Any] | None:
         if isinstance(parsed, dict) and isinstance(parsed.get("usage"), dict):

@@ -52,6 +52,18 @@ class ResponseStore:
             self._ids.move_to_end(response_id)
         return backend
 
+    def resized(self, max_ids: int) -> ResponseStore:
+        """A store with a new bound holding the most recently used ids of this one."""
+        out = ResponseStore(max_ids)
+        for response_id, backend in self._ids.items():
+            out.put(response_id, backend)
+        out.evicted = self.evicted + max(0, len(self._ids) - max_ids)
+        return out
+
+    def forget(self, response_id: str) -> None:
+        """Drop one id (its backend said it no longer has it)."""
+        self._ids.pop(response_id, None)
+
     def forget_backend(self, backend: str) -> int:
         """Drop every id held by a backend that left the fleet (its store went with it); returns how
         many. O(n), for membership changes only."""

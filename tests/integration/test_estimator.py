@@ -54,7 +54,7 @@ def test_estimate_within_five_percent_after_twenty_requests(gateway: GatewayThre
     errors = []
     for _ in range(20):
         messages = prompt(rng)
-        chars, count, known = prompt_size({"messages": messages})
+        chars, count, known, _ = prompt_size({"messages": messages})
         estimate = estimator.estimate(("tiny", "tiny"), chars, count, known)
         exact = httpx.post(
             vllm_server.base_url + "/tokenize",

@@ -86,6 +86,29 @@ def test_estimator_learns_and_stays_bounded() -> None:
 
 
 def test_prompt_size() -> None:
-    assert prompt_size({"messages": [{"role": "user", "content": "abcd"}]}) == (4, 1, 0)
-    assert prompt_size({"prompt": [1, 2, 3]}) == (0, 0, 3)
-    assert prompt_size({"prompt": "hello"}) == (5, 1, 0)
+    assert prompt_size({"messages": [{"role": "user", "content": "abcd"}]}) == (4, 1, 0, 0)
+    assert prompt_size({"prompt": [1, 2, 3]}) == (0, 0, 3, 0)
+    assert prompt_size({"prompt": "hello"}) == (5, 1, 0, 0)
+
+
+@pytest.mark.parametrize("text", ["😀" * 2400, "中文字" * 800, "é" * 2400])
+def test_non_ascii_text_is_never_under_estimated(text: str) -> None:
+    """docs/reliability.md defect 5: the estimate counts non-ASCII text at one token per UTF-8 byte,
+    a bound for byte-level tokenizers, even after the fit learned English's ratio, so a 1,024-token
+    cap asks for the exact count (and 2,400 emoji reached the engine as 2,409+ tokens before)."""
+    est = TokenEstimator()
+    key = ("r", "m")
+    for _ in range(40):  # learn English: ~4 characters a token
+        est.learn(key, 4000, 1, 1007)
+    chars, messages, known, wide = prompt_size({"messages": [{"role": "user", "content": text}]})
+    assert wide == len(text.encode())  # every byte of it
+    assert est.estimate(key, chars, messages, known + wide) >= len(text.encode())
+    ascii_only = prompt_size({"messages": [{"role": "user", "content": "a" * 2400}]})
+    assert ascii_only[3] == 0
+
+
+def test_a_mostly_non_ascii_prompt_teaches_the_fit_nothing() -> None:
+    from gateway.policy.caps import learnable
+
+    assert learnable(4000, 12)  # a few curly quotes in English
+    assert not learnable(2400, 9600)  # emoji

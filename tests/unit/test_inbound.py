@@ -138,3 +138,23 @@ def test_commas_and_brackets_inside_strings_are_not_nodes() -> None:
     assert parse(None, raw=raw).messages == [{"role": "user", "content": text}]
     escaped = json.dumps({"model": "m", "messages": [{"role": "user", "content": '\\", [' * 200_000}]})
     assert parse(None, raw=escaped.encode()).messages is not None
+
+
+def test_every_engines_length_field_is_read_and_rewritten() -> None:
+    """docs/reliability.md defect 6: the caps see the largest output length in any engine's field,
+    and a max_tokens edit writes every field the client set."""
+    from gateway.pipeline.edits import Edits, apply_edits
+
+    msgs = [{"role": "user", "content": "hi"}]
+    inbound = parse({"model": "m", "messages": msgs, "max_tokens": 4, "n_predict": 50, "max_new_tokens": 9})
+    assert inbound.max_tokens == 50
+    assert set(inbound.length_fields) == {"max_tokens", "n_predict", "max_new_tokens"}
+    out = json.loads(
+        apply_edits(inbound.body, Edits(max_tokens=8), inbound.max_tokens_field, None, inbound.length_fields)
+    )
+    assert out["max_tokens"] == out["n_predict"] == out["max_new_tokens"] == 8
+    unbounded = parse({"model": "m", "messages": msgs, "n_predict": -1})
+    assert unbounded.max_tokens is None and unbounded.length_fields == ("n_predict",)
+    for bad in ({"n_predict": -7}, {"max_new_tokens": 0}, {"num_predict": "x"}, {"max_completion_tokens": -1}):
+        with pytest.raises(InvalidRequest):
+            parse({"model": "m", "messages": msgs, **bad})
