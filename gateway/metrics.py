@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar, cast
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -252,8 +252,14 @@ class GatewayMetrics:
     def exposition(self) -> bytes:
         """The /metrics page: generate_latest for every metric but the fine histograms, which
         render themselves (see FineHistogram.render); the same lines, in another order."""
-        fine = "".join(h.render(self._render_cache.setdefault(h._name, {})) for h in self._fine)
-        return generate_latest(self._coarse) + fine.encode()
+        return b"".join(self.exposition_parts())
+
+    def exposition_parts(self) -> Iterator[bytes]:
+        """exposition() in pieces of ~1 ms of CPU each (the coarse metrics, then one fine histogram
+        at a time), so that /metrics can let the event loop run between them."""
+        yield generate_latest(self._coarse)
+        for h in self._fine:
+            yield h.render(self._render_cache.setdefault(h._name, {})).encode()
 
     def child(self, metric: M, *labels: str) -> M:
         """metric.labels(*labels), memoised: labels() takes a lock and validates on every call, and

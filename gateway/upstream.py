@@ -7,6 +7,7 @@ request against 0.23 ms for aiohttp's client, and 181 vs 47 µs CPU per streamed
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 from collections.abc import Mapping
@@ -16,6 +17,9 @@ import aiohttp
 
 from gateway.config import TimeoutsConfig
 from gateway.errors import GatewayError, UpstreamError, UpstreamTimeout
+
+_NO_TIMER = contextlib.nullcontext()
+"""Stands in for asyncio.timeout where nothing can wait (stateless, so one serves every read)."""
 
 
 class UpstreamConnectError(UpstreamError):
@@ -90,7 +94,9 @@ class UpstreamResponse:
         parts: list[bytes] = []
         size = 0
         try:
-            async with asyncio.timeout(limit):
+            # All of it already buffered (most non-stream answers arrive whole): readany() cannot
+            # wait, so no timer (an asyncio.timeout costs ~4 us: a Timeout, a call_at, its cancel).
+            async with _NO_TIMER if self._content.is_eof() else asyncio.timeout(limit):
                 while chunk := await self._content.readany():
                     size += len(chunk)
                     if size > max_bytes:

@@ -77,6 +77,10 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+"""Built once: json.loads with any keyword builds a new decoder (and its C scanner) per call."""
+
+
 def decode_json(
     raw: bytes, max_depth: int, max_nodes: int = 1_000_000, max_containers: int = 100_000
 ) -> dict[str, Any]:
@@ -88,14 +92,17 @@ def decode_json(
     except UnicodeDecodeError:
         raise InvalidRequest("The request body is not valid UTF-8.", code="invalid_json") from None
     try:
-        value = json.loads(text, parse_constant=_reject_constant)
+        if text.startswith("\ufeff"):  # what json.loads refuses before decoding
+            raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
+        value = _DECODER.decode(text)
     except RecursionError:
         raise InvalidRequest(f"The JSON body is nested too deeply (limit {max_depth}).", code="json_too_deep") from None
     except ValueError as exc:
         raise InvalidRequest(f"The request body is not valid JSON: {exc}", code="invalid_json") from None
     if not isinstance(value, dict):
         raise InvalidRequest("The request body must be a JSON object.", code="invalid_json")
-    if not _depth_ok(value, max_depth):
+    # Nesting needs a `{` or `[` per level: a body with no more of them than the limit is not walked.
+    if len(raw) - len(raw.translate(None, b"{[")) > max_depth and not _depth_ok(value, max_depth):
         raise InvalidRequest(f"The JSON body is nested too deeply (limit {max_depth}).", code="json_too_deep")
     if (b"\\ud" in raw or b"\\uD" in raw) and _has_lone_surrogate(value):
         raise InvalidRequest("The request body contains an unpaired UTF-16 surrogate.", code="invalid_json")

@@ -29,6 +29,7 @@ def protocol_class(
         _refusal: str | None = None
         _linger: asyncio.TimerHandle | None = None
         _discard_left = 0
+        _receiving = False
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -45,7 +46,7 @@ def protocol_class(
             while data and self._refusal is None:
                 if not self._in_head:
                     super().data_received(data)
-                    return
+                    break
                 room = max_header_bytes - self._head_bytes
                 part, data = data[: max(room, 0)], data[max(room, 0) :]
                 self._head_bytes += len(part)
@@ -53,11 +54,16 @@ def protocol_class(
                     super().data_received(part)
                 if data and self._in_head and self._refusal is None:
                     self._refuse(f"The request head is larger than the {max_header_bytes}-byte limit.")
+            if self._receiving and self._refusal is None:
+                self._arm()  # the request goes on past this read: now it needs its deadline
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
             self._header_count = 0
-            self._arm()  # the next request on a kept-alive connection
+            # The next request on a kept-alive connection. Its deadline is armed at the end of the
+            # read only if it is still incomplete there: most requests arrive in one read, and a
+            # timer armed and cancelled in the same call cost ~2.4 us a request.
+            self._receiving = True
 
         def on_header(self, name: bytes, value: bytes) -> None:
             self._header_count += 1
@@ -71,6 +77,7 @@ def protocol_class(
             super().on_headers_complete()
 
         def on_message_complete(self) -> None:
+            self._receiving = False
             self._disarm()
             self._in_head, self._head_bytes = True, 0
             super().on_message_complete()

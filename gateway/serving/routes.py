@@ -3,7 +3,9 @@ metrics, the raw-ASGI completion endpoints, and OpenAI-shaped 404/405 bodies."""
 
 from __future__ import annotations
 
+import asyncio
 import time
+import zlib
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -22,6 +24,9 @@ from gateway.metrics import GatewayMetrics
 from gateway.pipeline.endpoint import CompletionEndpoint
 from gateway.policy.models import ModelNames
 from gateway.serving.lifecycle import Lifecycle
+
+_GZIP_MIN = 4096
+"""A smaller page is sent as it is: compressing it saves less than it costs."""
 
 
 def error_response(err: GatewayError) -> Response:
@@ -93,8 +98,21 @@ class Endpoints:
         )
 
     async def metrics(self, request: Request) -> Response:
+        """The exposition, rendered a piece at a time with the event loop let run between pieces
+        (streams wait ~1 ms at most, not the whole render's 4-9 ms), and gzipped (level 1, in a
+        thread: zlib lets go of the GIL) when the scraper accepts it, as Prometheus does."""
         self._scraper.export_ages()
-        return Response(self._metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+        parts: list[bytes] = []
+        for part in self._metrics.exposition_parts():
+            parts.append(part)
+            await asyncio.sleep(0)
+        body = b"".join(parts)
+        if "gzip" not in request.headers.get("accept-encoding", "") or len(body) < _GZIP_MIN:
+            return Response(body, media_type=CONTENT_TYPE_LATEST)
+        packed = await asyncio.to_thread(zlib.compress, body, 1, 31)  # wbits 31: the gzip format
+        return Response(
+            packed, media_type=CONTENT_TYPE_LATEST, headers={"content-encoding": "gzip", "vary": "accept-encoding"}
+        )
 
     def routes(self, completions: list[CompletionEndpoint]) -> list[BaseRoute]:
         out: list[BaseRoute] = [Route(e.path, e, methods=["POST"]) for e in completions]

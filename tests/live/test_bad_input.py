@@ -4,6 +4,7 @@ backend, and no client string becomes a metric label (docs/reliability.md 4.3 an
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import string
 from collections.abc import AsyncIterator
@@ -148,6 +149,44 @@ async def test_slowloris_is_cut_at_the_request_deadline(make_stack: StackFactory
     async with httpx.AsyncClient() as client:
         ok = await client.post(stack.base_url + "/v1/chat/completions", json=chat(max_tokens=1))
     assert ok.status_code == 200
+    assert await asyncio.wait_for(reader.read(), timeout=5) == b""  # closed, no response
+    assert loop.time() - started < 3
+    dripping.cancel()
+    await asyncio.gather(dripping, return_exceptions=True)
+    writer.close()
+
+
+async def test_slow_second_request_on_a_kept_alive_connection_is_cut(make_stack: StackFactory) -> None:
+    """The request deadline is armed again for each request on a kept-alive connection (it is armed
+    once a request spans more than one read): a whole first request is served, a second one sent a
+    byte at a time loses the connection at server.request_timeout_s."""
+    stack = await make_stack(server={"request_timeout_s": 1.0})
+    host, port = stack.base_url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    body = json.dumps(chat(max_tokens=1)).encode()
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+    )
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5)
+    assert head.startswith(b"HTTP/1.1 200")
+    length = next(
+        int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")
+    )
+    await asyncio.wait_for(reader.readexactly(length), timeout=5)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+
+    async def drip() -> None:
+        try:
+            for byte in b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-slow: " + b"a" * 1000:
+                writer.write(bytes([byte]))
+                await writer.drain()
+                await asyncio.sleep(0.1)
+        except (ConnectionError, OSError):
+            return
+
+    dripping = asyncio.create_task(drip())
     assert await asyncio.wait_for(reader.read(), timeout=5) == b""  # closed, no response
     assert loop.time() - started < 3
     dripping.cancel()

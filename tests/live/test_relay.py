@@ -167,3 +167,26 @@ async def test_output_tokens_are_counted_while_a_stream_flows(make_stack: StackF
         await task
     await stack.wait_metric("gateway_requests_total", 1, outcome="success")
     assert stack.total("gateway_output_tokens_total") == 100
+
+
+async def test_metrics_page_is_gzipped_when_the_scraper_accepts_it(make_stack: StackFactory) -> None:
+    """/metrics with Accept-Encoding: gzip (as Prometheus sends) is the same page, gzipped; without
+    it, the plain text."""
+    stack = await make_stack()
+    async with httpx.AsyncClient() as client:
+        await client.post(stack.base_url + "/v1/chat/completions", json=chat(max_tokens=2))
+        plain = await client.get(stack.base_url + "/metrics", headers={"accept-encoding": "identity"})
+        packed = await client.get(stack.base_url + "/metrics", headers={"accept-encoding": "gzip"})
+    assert plain.status_code == packed.status_code == 200
+    assert "content-encoding" not in plain.headers
+    assert packed.headers["content-encoding"] == "gzip"
+    assert int(packed.headers["content-length"]) * 5 < len(plain.content)  # httpx decoded it
+    assert plain.text.startswith("# HELP")
+
+    def series(text: str) -> list[str]:  # the sample names and labels (ages and gauges move between scrapes)
+        return [line.rsplit(" ", 1)[0] for line in text.splitlines()]
+
+    assert series(packed.text) == series(plain.text)
+    done = [line for line in packed.text.splitlines() if line.startswith("gateway_requests_total{")]
+    assert done == [line for line in plain.text.splitlines() if line.startswith("gateway_requests_total{")]
+    assert done and done[0].endswith(" 1.0")

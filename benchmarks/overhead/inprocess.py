@@ -1,0 +1,212 @@
+"""The gateway's own CPU per request, without uvicorn, sockets or aiohttp: the ASGI app is called
+directly and aiohttp's session answers from memory (the run's static bodies). Deterministic enough
+to compare two commits in a few seconds, and to profile the gateway's code alone.
+
+PYTHONPATH=TREE python3 benchmarks/overhead/inprocess.py [--requests N] [--stream] [--profile FILE]
+
+It prints CPU µs per request (the best of --repeat runs). Not a substitute for peers.py: uvicorn and
+aiohttp cost more than the gateway itself, and they are left out here on purpose."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import logging
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+sys.path.insert(0, str(Path(__file__).parent))
+import bodies
+import configs
+
+
+class _Content:
+    def __init__(self, chunks: list[bytes]) -> None:
+        self._chunks = chunks
+        self._i = 0
+
+    async def readany(self) -> bytes:
+        if self._i >= len(self._chunks):
+            return b""
+        self._i += 1
+        return self._chunks[self._i - 1]
+
+    async def read(self, n: int = -1) -> bytes:
+        return b"".join(self._chunks)
+
+    def is_eof(self) -> bool:
+        return True
+
+    def iter_any(self) -> Any:
+        async def gen() -> Any:
+            for c in self._chunks:
+                yield c
+
+        return gen()
+
+
+class _Resp:
+    def __init__(self, status: int, body: bytes, ctype: str, chunks: list[bytes] | None = None) -> None:
+        self.status = status
+        self.headers = {"content-type": ctype, "content-length": str(len(body))}
+        self._body = body
+        self.content = _Content(chunks if chunks is not None else [body])
+
+    async def read(self) -> bytes:
+        return self._body
+
+    def release(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    async def __aenter__(self) -> _Resp:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        pass
+
+
+class _Call:
+    """What session.post/get return: awaitable and an async context manager."""
+
+    def __init__(self, resp: _Resp) -> None:
+        self._resp = resp
+
+    def __await__(self) -> Any:
+        async def get() -> _Resp:
+            return self._resp
+
+        return get().__await__()
+
+    async def __aenter__(self) -> _Resp:
+        return self._resp
+
+    async def __aexit__(self, *exc: object) -> None:
+        pass
+
+
+def _install(completion: bytes, stream: bytes) -> None:
+    chunks = [stream[i : i + 4096] for i in range(0, len(stream), 4096)]
+
+    def post(self: Any, url: str, **kw: Any) -> _Call:
+        if "/sse/" in url:
+            return _Call(_Resp(200, stream, "text/event-stream", list(chunks)))
+        return _Call(_Resp(200, completion, "application/json"))
+
+    def get(self: Any, url: str, **kw: Any) -> _Call:
+        if url.endswith("/health"):
+            return _Call(_Resp(200, b"{}", "application/json"))
+        return _Call(_Resp(404, b"", "text/plain"))
+
+    aiohttp.ClientSession.post = post  # type: ignore[method-assign,assignment]
+    aiohttp.ClientSession.get = get  # type: ignore[method-assign,assignment]
+
+
+async def _one(app: Any, path: str, body: bytes, never: asyncio.Event) -> int:
+    sent = False
+    status = 0
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await never.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        nonlocal status
+        if message["type"] == "http.response.start":
+            status = message["status"]
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": path,
+        "headers": [
+            (b"host", b"127.0.0.1:8080"),
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ],
+    }
+    await app(scope, receive, send)
+    return status
+
+
+async def _main(args: argparse.Namespace) -> None:
+    from gateway.app import create_app
+    from gateway.config import load_config
+
+    _install(bodies.completion(), bodies.stream(200))
+    routes = "".join(configs.ROUTE.format(model=m, pool=p) for m, p in (("json", "json"), ("sse", "sse")))
+    conf = Path(tempfile.mkdtemp()) / "gateway.yaml"
+    conf.write_text(configs.GATEWAY_CONF.format(port=0, nginx=9, paced=9, routes=routes))
+    config = load_config(conf)
+    app = create_app(config)
+    startup = asyncio.Queue[dict[str, Any]]()
+    await startup.put({"type": "lifespan.startup"})
+    done = asyncio.Event()
+
+    async def lsend(message: dict[str, Any]) -> None:
+        done.set()
+
+    lifespan = asyncio.create_task(app({"type": "lifespan"}, startup.get, lsend))
+    await done.wait()
+    never = asyncio.Event()
+    model = "sse" if args.stream else "json"
+    body = configs.request_body(model, args.stream)
+    path = "/v1/chat/completions"
+    for _ in range(500):
+        assert await _one(app, path, body, never) == 200
+    best = float("inf")
+    profiler = None
+    if args.profile:
+        import cProfile
+
+        profiler = cProfile.Profile()
+    gc.collect()
+    for _ in range(args.repeat):
+        t0 = time.process_time()
+        if profiler:
+            profiler.enable()
+        for _ in range(args.requests // args.concurrency):
+            await asyncio.gather(*(_one(app, path, body, never) for _ in range(args.concurrency)))
+        if profiler:
+            profiler.disable()
+        best = min(best, (time.process_time() - t0) / args.requests * 1e6)
+    print(json.dumps({"cpu_us_per_request": round(best, 2), "stream": args.stream}))
+    if profiler:
+        profiler.dump_stats(args.profile)
+    await startup.put({"type": "lifespan.shutdown"})
+    await lifespan
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=5000)
+    parser.add_argument("--concurrency", type=int, default=10)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--stream", action="store_true")
+    parser.add_argument("--profile", default="")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    asyncio.run(_main(args))
+
+
+if __name__ == "__main__":
+    main()
