@@ -86,5 +86,7 @@ ADAPTER = TableAdapter(
         "unsupported content",
         "is not supported",
     ),
+    # Measured on llama.cpp b1-7e4c0a9 (PR #17570): /v1/messages and count_tokens.
+    native_apis=frozenset({"messages", "count_tokens"}),
     models=MODELS,
 )

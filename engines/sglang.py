@@ -49,9 +49,10 @@ ADAPTER = TableAdapter(
     load=LOAD,
     tokenizer=TOKENIZER,
     launch=launch,
+    # Measured on SGLang 0.5.23 (tests/fixtures/sglang/proto_*): /v1/messages and count_tokens;
     # /v1/responses (stream too; GET by id and previous_response_id need --enable-response-store),
-    # /tokenize and /detokenize: measured on SGLang 0.5.23.
-    native_apis=frozenset({"responses", "tokenize"}),
+    # /tokenize and /detokenize.
+    native_apis=frozenset({"messages", "count_tokens", "responses", "tokenize"}),
     # /v1/models: {"id": <--served-model-name>, "owned_by": "sglang", "max_model_len": <the served window>};
     # /v1/tokenize's max_model_len is the model config's, not --context-length (tests/fixtures/sglang/).
     models=ModelsTable(window_keys=(("max_model_len",),)),

@@ -12,4 +12,6 @@ ADAPTER = TableAdapter(
     health_path="/health",
     metrics_path="/metrics",
     load=vllm.LOAD.merge(sglang.LOAD).merge(llamacpp.LOAD),
+    # Every flavour's real engine serves Messages natively, and so does the simulator (engines/sim/messages.py).
+    native_apis=frozenset({"messages", "count_tokens"}),
 )

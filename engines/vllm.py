@@ -36,9 +36,9 @@ ADAPTER = TableAdapter(
     load=LOAD,
     tokenizer=MessagesTokenizer(),
     launch=launch,
-    # /v1/responses (stream too; GET by id and previous_response_id need VLLM_ENABLE_RESPONSES_API_STORE=1),
-    # /tokenize and /detokenize: measured on vLLM 0.32 (docs/protocols.md).
-    native_apis=frozenset({"responses", "tokenize"}),
+    # Measured on vLLM 0.32 (docs/protocols.md): /v1/messages and count_tokens; /v1/responses (stream too;
+    # GET by id and previous_response_id need VLLM_ENABLE_RESPONSES_API_STORE=1), /tokenize and /detokenize.
+    native_apis=frozenset({"messages", "count_tokens", "responses", "tokenize"}),
     # /v1/models: {"id": <--served-model-name>, "owned_by": "vllm", "max_model_len": <--max-model-len>}.
     models=ModelsTable(window_keys=(("max_model_len",),)),
 )

@@ -33,7 +33,8 @@ from gateway.pipeline.relay import Relay
 from gateway.pipeline.router import Router
 from gateway.pipeline.stored import StoredResponses
 from gateway.policy.rules import Platform
-from gateway.protocols.catalog import PROTOCOLS
+from gateway.protocols.base import ProtocolAdapter
+from gateway.protocols.catalog import ENDPOINTS, REASONING_COPY
 from gateway.protocols.response_store import ResponseStore
 from gateway.serving.lifecycle import Lifecycle
 from gateway.serving.routes import Endpoints, http_exception
@@ -143,6 +144,14 @@ class _Served:
     last: a retired gateway's session is closed only once this is 0."""
 
 
+def _variants(protocol: ProtocolAdapter, config: GatewayConfig) -> dict[str, ProtocolAdapter] | None:
+    """The routes of this endpoint that get another adapter (reasoning_content: copy), or None."""
+    variant = REASONING_COPY.get(protocol.api)
+    if variant is None or variant.path != protocol.path:
+        return None
+    return {r.label: variant for r in config.routes if r.reasoning_content == "copy"} or None
+
+
 def _assemble(gw: Gateway) -> _Served:
     endpoints = [
         CompletionEndpoint(
@@ -157,8 +166,9 @@ def _assemble(gw: Gateway) -> _Served:
             gw.accounting,
             gw.lifecycle,
             gw.responses,
+            variants=_variants(protocol, gw.config),
         )
-        for protocol in PROTOCOLS.values()
+        for protocol in ENDPOINTS
     ]
     stored = StoredResponses(gw.access, gw.responses, gw.registry, gw.upstream, gw.config.timeouts.first_byte_s)
     routes = Endpoints(gw.config, gw.registry, gw.metrics, gw.scraper, gw.lifecycle, gw.access).routes(endpoints)

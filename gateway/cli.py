@@ -147,7 +147,7 @@ def parser() -> argparse.ArgumentParser:
     e = sub.add_parser("explain", help="show how a request body would be routed, without sending it")
     e.add_argument("body", help="a JSON request body file, or - for stdin")
     e.add_argument("--config", default=DEFAULT_CONFIG)
-    e.add_argument("--kind", default="chat", choices=["chat", "completions", "embeddings"])
+    e.add_argument("--kind", default="chat", choices=["chat", "completions", "embeddings", "messages"])
     e.add_argument("--platform", default=None, choices=["mac", "no_nvidia_gpu", "nvidia_gpu"])
     e.set_defaults(func=cmd_explain)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 EngineKind = Literal["vllm", "sglang", "llamacpp", "trtllm", "lmdeploy", "nim", "ollama", "openai", "sim"]
 BalancerKind = Literal["least_load", "prefix_affinity", "round_robin", "session", "first_healthy"]
@@ -234,6 +234,14 @@ class RouteConfig(_Model):
     pools: Annotated[tuple[str, ...], Field(min_length=1)]
     rules: tuple[RuleConfig, ...] = ()
     caps: CapsConfig = CapsConfig()
+    reasoning_content: Literal["off", "copy"] = "off"
+    """On chat completions: `copy` sets `reasoning_content` from `reasoning` (vLLM 0.32 sends only the
+    latter; many clients read the former) in answers and stream chunks; `off` relays the bytes as sent."""
+
+    @field_validator("reasoning_content", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: object) -> object:
+        return "off" if value is False else value  # YAML reads a bare `off` as false
     aliases: Mapping[str, str] = {}
     """Client-facing names of this route that stand for a served model: `{my-model: Qwen/Qwen3-0.6B}`."""
 

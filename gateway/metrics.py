@@ -55,7 +55,7 @@ _QUEUE_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _REQ = ("route", "pool", "backend")
 # The fine per-request histograms (1,685 series a label set) drop `backend`: their cost then follows
 # the config's routes x pools, not the number of engine replicas DNS discovery finds.
-_FINE = ("route", "pool")
+_FINE = ("route", "pool", "api")
 
 
 class FineHistogram(Histogram):
@@ -148,11 +148,13 @@ class GatewayMetrics:
         )
         # The machine's lens: rate() of the counters is aggregate tok/s; the gauge is concurrency.
         self.output_tokens = Counter(
-            "gateway_output_tokens", "Output (completion) tokens relayed.", (*_REQ, "source"), registry=r
+            "gateway_output_tokens", "Output (completion) tokens relayed.", (*_REQ, "api", "source"), registry=r
         )
-        self.prompt_tokens = Counter("gateway_prompt_tokens", "Prompt tokens processed.", (*_REQ, "source"), registry=r)
+        self.prompt_tokens = Counter(
+            "gateway_prompt_tokens", "Prompt tokens processed.", (*_REQ, "api", "source"), registry=r
+        )
         self.requests = Counter(
-            "gateway_requests", "Requests by their one terminal outcome.", (*_REQ, "outcome"), registry=r
+            "gateway_requests", "Requests by their one terminal outcome.", (*_REQ, "api", "outcome"), registry=r
         )
         self.in_flight = Gauge("gateway_requests_in_flight", "Requests being served now.", _REQ, registry=r)
         self.queue_wait = Histogram(
@@ -200,7 +202,7 @@ class GatewayMetrics:
         self.client_disconnects = Counter(
             "gateway_client_disconnects",
             "Clients that left before their answer was complete.",
-            (*_REQ, "stage"),
+            (*_REQ, "api", "stage"),
             registry=r,
         )
         self.wasted_tokens = Counter(

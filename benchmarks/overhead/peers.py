@@ -11,6 +11,7 @@ test once per peer, in an order rotated every round, so a noisy minute lands on 
     benchmarks/overhead/run.sh --smoke               # 20 s: gateway vs floor, fails only past 2x
     benchmarks/overhead/run.sh --compare REV_A REV_B # two commits of the gateway, interleaved
     benchmarks/overhead/run.sh --profile DIR         # also py-spy the gateway (round 1)
+    benchmarks/overhead/run.sh --protocols           # chat beside Messages native/translated (protocols.py)
 
 See docs/benchmarks.md for the method.
 """

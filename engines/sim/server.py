@@ -25,6 +25,7 @@ from engines.sim.completions import completion
 from engines.sim.engine import SimEngine
 from engines.sim.faults import FAULT_HEADER, Fault, FaultSpecError, parse_fault
 from engines.sim.http import BadRequest, ClientGone, HttpConn, HttpRequest
+from engines.sim.messages import MessagesApi
 from engines.sim.model import BatchCore, SimParams
 
 __all__ = ["FAULT_HEADER", "RequestRecord", "SimParams", "SimServer", "SimStats", "run_sim"]
@@ -107,6 +108,9 @@ class SimServer:
         self.api = SimApi(self.engine)
         self.api.routes[("POST", "/v1/chat/completions")] = functools.partial(completion, self.api, chat=True)
         self.api.routes[("POST", "/v1/completions")] = functools.partial(completion, self.api, chat=False)
+        messages = MessagesApi(self.api)
+        self.api.routes[("POST", "/v1/messages")] = messages.messages
+        self.api.routes[("POST", "/v1/messages/count_tokens")] = messages.count_tokens
         if params.flavour in ("vllm", "sglang"):  # the engines that serve the Responses API themselves
             self.responses = responses.ResponseStore()
             for method, path, handler in (

@@ -54,9 +54,10 @@ class AccessGate:
     def enabled(self) -> bool:
         return self._keys.enabled
 
-    def authenticate(self, authorization: str | None) -> ClientKey | None:
-        """The client key, None when client auth is off; raises Unauthorized (401)."""
-        return self._keys.identify(authorization)
+    def authenticate(self, authorization: str | None, api_key: str | None = None) -> ClientKey | None:
+        """The client key (a Bearer token or an x-api-key), None when client auth is off; raises
+        Unauthorized (401)."""
+        return self._keys.identify(authorization, api_key)
 
     async def admit(self, client: ClientKey | None, model: str) -> None:
         """Raise ModelNotAllowed (403), RateLimited (429) or, with fail_open false and the store

@@ -55,13 +55,16 @@ class KeyRing:
     def enabled(self) -> bool:
         return bool(self._entries)
 
-    def identify(self, authorization: str | None) -> ClientKey | None:
-        """The key named by an `Authorization` header; None when client auth is off; Unauthorized
-        when the header names no key. Every key is compared, so timing tells nothing."""
+    def identify(self, authorization: str | None, api_key: str | None = None) -> ClientKey | None:
+        """The key named by an `Authorization: Bearer` header, else by `x-api-key` (Anthropic's
+        clients); None when client auth is off; Unauthorized when neither names a key. Every key is
+        compared, so timing tells nothing."""
         if not self._entries:
             return None
         supplied = authorization or ""
         token = supplied[7:].strip() if supplied[:7].lower() == "bearer " else ""
+        if not token and api_key:
+            token = api_key.strip()
         presented = hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest() if token else b""
         found: ClientKey | None = None
         for stored, client in self._entries:

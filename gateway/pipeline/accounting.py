@@ -40,7 +40,7 @@ class Accounting:
         delta = content_events - ex.streamed_tokens
         if delta > 0:
             m = self._m
-            m.child(m.output_tokens, ex.route, ex.pool, ex.backend_name, "usage").inc(delta)
+            m.child(m.output_tokens, ex.route, ex.pool, ex.backend_name, ex.api, "usage").inc(delta)
             ex.streamed_tokens = content_events
 
     def finish(self, ex: Exchange) -> None:
@@ -48,8 +48,8 @@ class Accounting:
         now = time.perf_counter()
         m = self._m
         outcome = ex.outcome or "client_closed"
-        labels = (ex.route, ex.pool, ex.backend_name)
-        fine = (ex.route, ex.pool)  # the fine per-request histograms have no backend label
+        labels = (ex.route, ex.pool, ex.backend_name, ex.api)
+        fine = (ex.route, ex.pool, ex.api)  # the fine per-request histograms have no backend label
         m.child(m.requests, *labels, outcome).inc()
         duration = now - ex.started
         if ex.sent_at is not None:
@@ -82,7 +82,7 @@ class Accounting:
             stage = ex.disconnect_stage or "before_backend"
             m.child(m.client_disconnects, *labels, stage).inc()
             if completion:
-                m.child(m.wasted_tokens, *labels).inc(completion)
+                m.child(m.wasted_tokens, *labels[:3]).inc(completion)
         if log.isEnabledFor(logging.INFO):
             ttft = f"{obs.first_token_at - ex.started:.4f}" if obs and obs.first_token_at else "-"
             model = ex.model if ex.model is not None and ex.route != "__unknown__" else "-"

@@ -11,7 +11,7 @@ import asyncio
 import itertools
 import logging
 import os
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 from gateway.access.gate import AccessGate
@@ -76,8 +76,11 @@ class CompletionEndpoint:
         accounting: Accounting,
         lifecycle: Lifecycle,
         pins: ResponseStore | None = None,
+        variants: Mapping[str, ProtocolAdapter] | None = None,
     ) -> None:
         self.protocol = protocol
+        # Route label -> the adapter that route gets instead (reasoning_content: copy); empty for most.
+        self._variants: Mapping[str, ProtocolAdapter] = variants or {}
         self.path = protocol.path
         self._config = config
         self._access = access
@@ -112,7 +115,7 @@ class CompletionEndpoint:
         try:
             if self._lifecycle.draining:
                 raise NoHealthyBackend("The gateway is shutting down.", code="draining", retry_after=1)
-            client = self._access.authenticate(headers.get("authorization"))
+            client = self._access.authenticate(headers.get("authorization"), headers.get("x-api-key"))
             raw = await _read_body(receive, headers, self._config.limits.max_body_bytes)
             if raw is None:
                 ex.disconnect_stage = "before_backend"
@@ -125,6 +128,8 @@ class CompletionEndpoint:
                 )
             route = resolved.route
             ex.route, ex.model, ex.stream = route.label, inbound.model, inbound.stream
+            if self._variants:
+                protocol = self._variants.get(route.label, protocol)
             await self._access.admit(client, inbound.model)  # the key's model allowlist and limits
             watcher = asyncio.create_task(_listen_for_disconnect(receive, ex, ending))
             view = protocol.estimate_view(inbound)
@@ -157,13 +162,11 @@ class CompletionEndpoint:
             if ex.outcome is None:
                 ex.outcome = _outcome_for(err)
             if not ex.response_started:
-                ex.status = err.status_code
                 await _send_error(send, protocol, err, ex)
         except Exception:  # a bug: still one error body and one outcome, never a bare traceback
             log.exception("request %s failed", ex.request_id)
             ex.outcome = "internal_error"
             if not ex.response_started:
-                ex.status = 500
                 bug = GatewayError("The gateway failed on this request.", code="internal_error")
                 await _send_error(send, protocol, bug, ex)
         except asyncio.CancelledError:
@@ -177,7 +180,6 @@ class CompletionEndpoint:
                 try:
                     await self._relay.cut(ex, send, protocol, cut)
                 except GatewayError as err:  # stalled before the client got its headers
-                    ex.status = err.status_code
                     await _send_error(send, protocol, err, ex)
             elif self._lifecycle.draining:
                 # The drain deadline passed with this request still running: tell the client, once.
@@ -319,7 +321,6 @@ async def _send_shutdown(send: Send, protocol: ProtocolAdapter, ex: Exchange) ->
                 }
             )
         else:
-            ex.status = err.status_code
             await _send_error(send, protocol, err, ex)
     except Exception:  # the connection may already be gone; nothing more to tell
         return
@@ -327,5 +328,6 @@ async def _send_shutdown(send: Send, protocol: ProtocolAdapter, ex: Exchange) ->
 
 async def _send_error(send: Send, protocol: ProtocolAdapter, err: GatewayError, ex: Exchange) -> None:
     body = protocol.error_body(err)
-    await send({"type": "http.response.start", "status": err.status_code, "headers": error_headers(err, body, ex)})
+    ex.status = protocol.error_status(err)
+    await send({"type": "http.response.start", "status": ex.status, "headers": error_headers(err, body, ex)})
     await send({"type": "http.response.body", "body": body, "more_body": False})

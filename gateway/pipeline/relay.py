@@ -171,6 +171,12 @@ class Relay:
             t0 = clock()
             ex.answer_id = protocol.answer_id(first)
             out = observer.feed(first, t0) if first else b""
+            # Once per request: a native observer may ask to see past the stream's preamble first.
+            while first and not ex.response_started and getattr(observer, "holding", False):
+                more = await self._first_chunk(ex, send, resp)
+                if not more:
+                    break
+                out += observer.feed(more, clock())
             if observer.error is not None and not ex.response_started:
                 assert ex.backend is not None
                 raise _first_event_error(observer.error, ex.backend)

@@ -141,6 +141,10 @@ class ProtocolAdapter(Protocol):
         """The usage object of a decoded non-stream answer (OpenAI field names), if any."""
         ...
 
+    def error_status(self, err: GatewayError) -> int:
+        """The HTTP status of an error in this protocol (Anthropic's overload is 529, not 429)."""
+        ...
+
     def error_body(self, err: GatewayError) -> bytes:
         """An error as a JSON body in this protocol's shape."""
         ...

@@ -32,12 +32,25 @@ RESPONSES_EVENTS: dict[bytes, str] = {
 }
 
 
+_ANTHROPIC_STATUS = {
+    "invalid_request_error": 400,
+    "authentication_error": 401,
+    "permission_error": 403,
+    "not_found_error": 404,
+    "request_too_large": 413,
+    "rate_limit_error": 429,
+    "api_error": 500,
+    "overloaded_error": 529,
+}
+
+
 class NativeObserver:
     """Feed it chunks; it returns them unchanged. ``usage`` is OpenAI-named (prompt_tokens counts
     Anthropic's cached input too), so accounting treats every protocol alike."""
 
     __slots__ = (
         "_carry",
+        "_hold",
         "_roles",
         "content_events",
         "done",
@@ -49,8 +62,9 @@ class NativeObserver:
         "usage",
     )
 
-    def __init__(self, roles: dict[bytes, str]) -> None:
+    def __init__(self, roles: dict[bytes, str], hold: bool = False) -> None:
         self._roles = roles
+        self._hold = hold
         self._carry = b""
         self.events = 0
         self.content_events = 0
@@ -61,9 +75,17 @@ class NativeObserver:
         self.last_token_at: float | None = None
         self.gaps: list[float] = []
 
+    @property
+    def holding(self) -> bool:
+        """Only the stream's preamble so far (message_start, content_block_start), on a Messages
+        stream: the relay keeps the client's headers back until a token, an error or the end, so that
+        an engine that opens its stream before refusing (SGLang's over-long Messages) still gives the
+        client a proper HTTP error. Responses streams are relayed as they come (docs/protocols.md)."""
+        return self._hold and self.events > 0 and not self.content_events and self.error is None and not self.done
+
     @classmethod
     def messages(cls) -> NativeObserver:
-        return cls(MESSAGES_EVENTS)
+        return cls(MESSAGES_EVENTS, hold=True)
 
     @classmethod
     def responses(cls) -> NativeObserver:
@@ -110,6 +132,10 @@ class NativeObserver:
             self._responses_final(_decode(event))
         elif role == "error" and self.error is None:
             self.error = _decode(event) or {"error": {"message": "unreadable error event"}}
+            inner = self.error.get("error")
+            if isinstance(inner, dict) and "code" not in inner and inner.get("type") in _ANTHROPIC_STATUS:
+                # Anthropic's error events carry a type, not a status: the relay reads the status here.
+                self.error = {**self.error, "error": {**inner, "code": _ANTHROPIC_STATUS[inner["type"]]}}
 
     def _anthropic_usage(self, decoded: dict[str, Any] | None) -> None:
         if decoded is None:

@@ -72,6 +72,9 @@ class OpenAIProtocol:
             return usage
         return None
 
+    def error_status(self, err: GatewayError) -> int:
+        return err.status_code
+
     def error_body(self, err: GatewayError) -> bytes:
         return err.body_bytes()
 

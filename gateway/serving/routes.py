@@ -1,5 +1,5 @@
-"""The gateway's HTTP surface: thin Starlette endpoints for models, health, readiness and
-metrics, the raw-ASGI completion endpoints, and OpenAI-shaped 404/405 bodies."""
+"""The gateway's HTTP surface: thin Starlette endpoints for models, health, readiness, metrics and
+the OpenAPI description, the raw-ASGI completion endpoints, and OpenAI-shaped 404/405 bodies."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.pipeline.endpoint import CompletionEndpoint
 from gateway.policy.models import ModelNames
 from gateway.serving.lifecycle import Lifecycle
+from gateway.serving.openapi import openapi_bytes
 
 _GZIP_MIN = 4096
 """A smaller page is sent as it is: compressing it saves less than it costs."""
@@ -50,13 +51,14 @@ class Endpoints:
         self._metrics = metrics
         self._scraper = scraper
         self._created = int(time.time())
+        self._openapi = openapi_bytes(config.limits)
         self._names = ModelNames(config)
 
     def model_list(self) -> dict[str, dict[str, Any]]:
         return model_entries(self._config, self._registry, self._names, self._created)
 
     def _client(self, request: Request) -> ClientKey | None:
-        return self._access.authenticate(request.headers.get("authorization"))
+        return self._access.authenticate(request.headers.get("authorization"), request.headers.get("x-api-key"))
 
     async def models(self, request: Request) -> Response:
         try:
@@ -114,6 +116,9 @@ class Endpoints:
             packed, media_type=CONTENT_TYPE_LATEST, headers={"content-encoding": "gzip", "vary": "accept-encoding"}
         )
 
+    async def openapi(self, request: Request) -> Response:
+        return Response(self._openapi, media_type="application/json")
+
     def routes(self, completions: list[CompletionEndpoint]) -> list[BaseRoute]:
         out: list[BaseRoute] = [Route(e.path, e, methods=["POST"]) for e in completions]
         out += [
@@ -123,6 +128,7 @@ class Endpoints:
             Route("/health", self.healthz, methods=["GET"]),  # vLLM's and SGLang's name; guidellm checks it
             Route("/readyz", self.readyz, methods=["GET"]),
             Route("/metrics", self.metrics, methods=["GET"]),
+            Route("/openapi.json", self.openapi, methods=["GET"]),
         ]
         return out
 

@@ -39,7 +39,8 @@ class MetricSpec:
 
 
 _REQ = frozenset({"route", "pool", "backend"})
-_FINE = frozenset({"route", "pool"})  # the fine per-request histograms (gateway/metrics.py)
+_FINE = frozenset({"route", "pool", "api"})  # the fine per-request histograms (gateway/metrics.py)
+_API = frozenset({"api"})  # the client protocol (chat, completions, embeddings, messages, responses)
 
 # The metric contract the dashboards, rules and docs were written against, keyed by family name
 # (counters without `_total`, as prometheus_client names them). The tests use the real registry in
@@ -50,9 +51,9 @@ EXPECTED_METRICS: Mapping[str, MetricSpec] = {
     "gateway_inter_token_latency_seconds": MetricSpec("histogram", _FINE),
     "gateway_request_duration_seconds": MetricSpec("histogram", _FINE),
     "gateway_request_output_tokens_per_second": MetricSpec("histogram", _FINE),
-    "gateway_output_tokens": MetricSpec("counter", _REQ | {"source"}),
-    "gateway_prompt_tokens": MetricSpec("counter", _REQ | {"source"}),
-    "gateway_requests": MetricSpec("counter", _REQ | {"outcome"}),
+    "gateway_output_tokens": MetricSpec("counter", _REQ | _API | {"source"}),
+    "gateway_prompt_tokens": MetricSpec("counter", _REQ | _API | {"source"}),
+    "gateway_requests": MetricSpec("counter", _REQ | _API | {"outcome"}),
     "gateway_requests_in_flight": MetricSpec("gauge", _REQ),
     "gateway_queue_wait_seconds": MetricSpec("histogram", frozenset({"route", "pool"})),
     "gateway_overhead_seconds": MetricSpec("histogram", frozenset({"route"})),
@@ -64,7 +65,7 @@ EXPECTED_METRICS: Mapping[str, MetricSpec] = {
     "gateway_retries": MetricSpec("counter", frozenset({"route", "pool"})),
     "gateway_retry_budget_exhausted": MetricSpec("counter", frozenset({"route"})),
     "gateway_upstream_errors": MetricSpec("counter", frozenset({"pool", "backend", "kind"})),
-    "gateway_client_disconnects": MetricSpec("counter", _REQ | {"stage"}),
+    "gateway_client_disconnects": MetricSpec("counter", _REQ | _API | {"stage"}),
     "gateway_disconnect_wasted_tokens": MetricSpec("counter", _REQ),
     "gateway_backend_up": MetricSpec("gauge", frozenset({"pool", "backend", "engine"})),
     "gateway_backend_model_info": MetricSpec("gauge", frozenset({"pool", "backend", "model"})),

@@ -123,7 +123,12 @@ async def test_ten_thousand_random_models_add_no_series(make_stack: StackFactory
             for line in (await client.get(stack.base_url + "/metrics")).text.splitlines()
             if line and not line.startswith("#")
         }
-    assert after == before
+    # The engine-load series (gateway_backend_*) appear when a scrape comes due, which a loaded
+    # machine can reach during the 10,000 requests; their labels come from the config, never
+    # from a client, so they are left out of the comparison.
+    assert {s for s in after if not s.startswith("gateway_backend_")} == {
+        s for s in before if not s.startswith("gateway_backend_")
+    }
     assert stack.total("gateway_requests_total", route="__unknown__") == 10_001
 
 

@@ -107,3 +107,20 @@ def test_check_names_the_file_and_line_of_a_yaml_error(tmp_path: Path, capsys: p
     err = capsys.readouterr().err
     assert f"{bad}, line 3, column 6: invalid YAML: mapping values are not allowed here" in err
     assert "<unicode string>" not in err
+
+
+def test_explain_a_messages_body_fingerprints_its_system_prompt(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The shared-prefix detector sees Anthropic Messages' system + messages (as the chat they translate to)."""
+    system = "You are a coding agent with a long shared system prompt. " * 40
+    blocks = []
+    for body in (
+        {"model": "x", "max_tokens": 8, "system": system, "messages": [{"role": "user", "content": "hi"}]},
+        {"model": "x", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]},
+    ):
+        path = tmp_path / "m.json"
+        path.write_text(json.dumps(body))
+        assert main(["explain", str(path), "--config", str(ROOT / "gateway.yaml"), "--kind", "messages"]) == 0
+        blocks.append(json.loads(capsys.readouterr().out)["fingerprint_blocks"])
+    assert blocks[0] > blocks[1]

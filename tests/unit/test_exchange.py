@@ -31,11 +31,11 @@ def test_finish_records_one_outcome_and_both_lenses() -> None:
     ex.outcome = "success"
     Accounting(m).finish(ex)
     get = m.registry.get_sample_value
-    labels = {"route": "r1", "pool": "p", "backend": "b"}
+    labels = {"route": "r1", "pool": "p", "backend": "b", "api": "chat"}
     assert get("gateway_requests_total", {**labels, "outcome": "success"}) == 1
     assert get("gateway_output_tokens_total", {**labels, "source": "usage"}) == 3
     assert get("gateway_prompt_tokens_total", {**labels, "source": "usage"}) == 10
-    fine = {"route": "r1", "pool": "p"}  # the fine per-request histograms have no backend label
+    fine = {"route": "r1", "pool": "p", "api": "chat"}  # the fine per-request histograms have no backend label
     assert get("gateway_time_to_first_token_seconds_sum", fine) == pytest.approx(0.5)
     assert get("gateway_inter_token_latency_seconds_count", fine) == 2
     assert get("gateway_request_duration_seconds_count", fine) == 1
@@ -54,9 +54,10 @@ def test_no_usage_counts_content_chunks_as_estimated() -> None:
     ex.disconnect_stage = "mid_stream"
     Accounting(m).finish(ex)
     get = m.registry.get_sample_value
-    labels = {"route": "r1", "pool": "p", "backend": "b"}
+    labels = {"route": "r1", "pool": "p", "backend": "b", "api": "chat"}
     assert get("gateway_output_tokens_total", {**labels, "source": "estimated"}) == 7
     assert get("gateway_client_disconnects_total", {**labels, "stage": "mid_stream"}) == 1
+    labels.pop("api")  # wasted tokens: per backend, not per protocol
     assert get("gateway_disconnect_wasted_tokens_total", labels) == 7
 
 

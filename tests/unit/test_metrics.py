@@ -41,11 +41,11 @@ def test_exposition_writes_the_lines_generate_latest_writes() -> None:
     m = GatewayMetrics()
     for route, pool in (("chat", "vllm"), ("chat", "sglang"), ('odd "name" \\ here', "b")):
         for h in (m.ttft, m.itl, m.duration, m.request_tps):
-            m.child(h, route, pool).observe(0.1234)
-            m.child(h, route, pool).observe(7.0)
-    m.child(m.requests, "chat", "pool", "vllm-0", "success").inc()
+            m.child(h, route, pool, "chat").observe(0.1234)
+            m.child(h, route, pool, "chat").observe(7.0)
+    m.child(m.requests, "chat", "pool", "vllm-0", "chat", "success").inc()
     m.child(m.overhead, "chat").observe(0.001)
     slow = generate_latest(m.registry).decode().splitlines()
     fast = m.exposition().decode().splitlines()
     assert sorted(fast) == sorted(slow)
-    assert 'gateway_time_to_first_token_seconds_bucket{le="0.1235",pool="vllm",route="chat"} 1.0' in fast
+    assert 'gateway_time_to_first_token_seconds_bucket{api="chat",le="0.1235",pool="vllm",route="chat"} 1.0' in fast

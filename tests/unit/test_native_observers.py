@@ -90,7 +90,8 @@ def test_translated_streams_account_the_same_as_the_chat_stream_they_came_from(e
 def test_error_events() -> None:
     observer = NativeObserver.messages()
     observer.feed(b'event: error\ndata: {"type":"error","error":{"type":"overloaded_error","message":"busy"}}\n\n', 0.0)
-    assert observer.error == {"type": "error", "error": {"type": "overloaded_error", "message": "busy"}}
+    # Anthropic's type gets its status as `code`, which the relay reads to make an HTTP error of it.
+    assert observer.error == {"type": "error", "error": {"type": "overloaded_error", "message": "busy", "code": 529}}
     failed = NativeObserver.responses()
     failed.feed(
         b"event: response.failed\n"
@@ -99,3 +100,15 @@ def test_error_events() -> None:
         0.0,
     )
     assert failed.done and failed.error == {"error": {"code": "server_error", "message": "x"}}
+
+
+def test_a_messages_stream_holds_only_its_preamble() -> None:
+    observer = NativeObserver.messages()
+    assert not observer.holding  # nothing seen yet: the relay's first read decides
+    observer.feed(b'event: message_start\ndata: {"type":"message_start","message":{"usage":{}}}\n\n', 0.0)
+    assert observer.holding
+    observer.feed(b'event: content_block_delta\ndata: {"type":"content_block_delta"}\n\n', 0.1)
+    assert not observer.holding
+    responses = NativeObserver.responses()
+    responses.feed(b'event: response.created\ndata: {"type":"response.created"}\n\n', 0.0)
+    assert not responses.holding  # Responses streams are relayed as they come
