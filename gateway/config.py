@@ -242,6 +242,7 @@ class RouteConfig(_Model):
     @classmethod
     def _yaml_off(cls, value: object) -> object:
         return "off" if value is False else value  # YAML reads a bare `off` as false
+
     aliases: Mapping[str, str] = {}
     """Client-facing names of this route that stand for a served model: `{my-model: Qwen/Qwen3-0.6B}`."""
 
