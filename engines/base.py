@@ -45,6 +45,23 @@ class LaunchSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class ServedModel:
+    """One model an engine says it serves (its `/v1/models`), with its context window where the engine
+    reports one (tokens per request: vLLM's max_model_len, llama.cpp's per-slot n_ctx)."""
+
+    id: str
+    owned_by: str
+    window: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelsCall:
+    """One GET the gateway makes to learn what an engine serves: `path`, read as JSON."""
+
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
 class NormalisedError:
     """An engine error turned into the one OpenAI shape."""
 
@@ -114,3 +131,18 @@ class EngineAdapter(Protocol):
         ...
 
     def launch_argv(self, spec: LaunchSpec) -> list[str]: ...
+
+    @property
+    def models_calls(self) -> Sequence[ModelsCall]:
+        """The GETs that tell what the engine serves: `/v1/models` first, then any info endpoint."""
+        ...
+
+    def parse_models(self, answers: Sequence[Any]) -> tuple[ServedModel, ...] | None:
+        """The served models from the JSON answers to models_calls (None for a failed call), in order;
+        None when the first answer is not a model list."""
+        ...
+
+    @property
+    def any_model(self) -> bool:
+        """The engine answers to any model name (llama.cpp): exact servers of a name are preferred."""
+        ...

@@ -8,7 +8,7 @@ from typing import Any
 
 from engines.base import LaunchSpec, TokenizeCall
 from engines.promtext import LoadTable, Ratio
-from engines.table import Messages, TableAdapter, name_flag
+from engines.table import Messages, ModelsTable, TableAdapter, name_flag
 
 LOAD = LoadTable(
     running=("llamacpp:requests_processing",),
@@ -46,6 +46,18 @@ class LlamaCppTokenizer:
         return len(tokens) if isinstance(tokens, list) else None
 
 
+# /v1/models lists the alias (`-a`), else the model file's path; /props has the window a request gets:
+# default_generation_settings.n_ctx is per slot (-c / --parallel: 512 for -c 2048 --parallel 4, checked on
+# the real server), as is each entry's meta.n_ctx; meta.n_ctx_train is the model's training length, not
+# what the server allows. It answers to any model name.
+MODELS = ModelsTable(
+    window_keys=(("meta", "n_ctx"),),
+    info_path="/props",
+    info_window=(("default_generation_settings", "n_ctx"),),
+    any_model=True,
+)
+
+
 def launch(spec: LaunchSpec) -> list[str]:
     parallel = max(1, spec.parallel)
     argv = ["llama-server", "-m", spec.model, *name_flag("--alias", spec.served_name)]
@@ -76,4 +88,5 @@ ADAPTER = TableAdapter(
     ),
     # Measured on llama.cpp b1-7e4c0a9 (PR #17570): /v1/messages and count_tokens.
     native_apis=frozenset({"messages", "count_tokens"}),
+    models=MODELS,
 )

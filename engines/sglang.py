@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from engines.base import LaunchSpec
 from engines.promtext import LoadTable, Ratio
-from engines.table import MessagesTokenizer, TableAdapter, cap_flag, name_flag
+from engines.table import MessagesTokenizer, ModelsTable, TableAdapter, cap_flag, name_flag
 
 # Releases differ: "sglang:" like vLLM, or "sglang_" (the plain Prometheus style).
 _PREFIXES = ("sglang:", "sglang_")
@@ -53,4 +53,7 @@ ADAPTER = TableAdapter(
     # /v1/responses (stream too; GET by id and previous_response_id need --enable-response-store),
     # /tokenize and /detokenize.
     native_apis=frozenset({"messages", "count_tokens", "responses", "tokenize"}),
+    # /v1/models: {"id": <--served-model-name>, "owned_by": "sglang", "max_model_len": <the served window>};
+    # /v1/tokenize's max_model_len is the model config's, not --context-length (tests/fixtures/sglang/).
+    models=ModelsTable(window_keys=(("max_model_len",),)),
 )

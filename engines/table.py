@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from engines.base import EngineLoad, LaunchSpec, NormalisedError, TokenizeCall
+from engines.base import EngineLoad, LaunchSpec, ModelsCall, NormalisedError, ServedModel, TokenizeCall
 from engines.context_error import in_openai_words
 from engines.promtext import LoadTable
 
@@ -214,6 +214,66 @@ def cap_flag(flag: str, value: int | None) -> list[str]:
 NATIVE_APIS = frozenset({"messages", "count_tokens", "responses", "tokenize"})
 """The protocols an engine may serve natively: /v1/messages, /v1/messages/count_tokens,
 /v1/responses (+ by id), /tokenize + /detokenize in vLLM's shapes."""
+MAX_MODELS = 32
+"""Models kept per backend from its /v1/models (the rest are ignored): the bound on
+gateway_backend_model_info's series and on what one engine can add to the gateway's /v1/models."""
+_MAX_MODEL_ID = 256
+
+KeyPath = tuple[str, ...]
+
+
+def _window_at(doc: Any, paths: Sequence[KeyPath]) -> int | None:
+    """The first positive int found under one of the key paths, else None."""
+    for path in paths:
+        value = doc
+        for key in path:
+            value = value.get(key) if isinstance(value, Mapping) else None
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelsTable:
+    """How one engine says what it serves: the ids in `/v1/models`' `data`, each one's context window
+    under `window_keys`, or one window for the whole backend under `info_window` in the answer to
+    `info_path` (which wins: llama.cpp's /props has the per-slot window)."""
+
+    path: str = "/v1/models"
+    window_keys: tuple[KeyPath, ...] = (("max_model_len",),)
+    info_path: str | None = None
+    info_window: tuple[KeyPath, ...] = ()
+    any_model: bool = False
+    """The engine answers to any model name, whatever it lists (llama.cpp)."""
+
+    def calls(self) -> tuple[ModelsCall, ...]:
+        return (ModelsCall(self.path),) + ((ModelsCall(self.info_path),) if self.info_path else ())
+
+    def parse(self, answers: Sequence[Any], owner: str) -> tuple[ServedModel, ...] | None:
+        """At most MAX_MODELS models, once each, in the engine's order; None when the first answer is not
+        an OpenAI model list. A failed info call (None) leaves the per-model windows."""
+        doc = answers[0] if answers else None
+        data = doc.get("data") if isinstance(doc, Mapping) else None
+        if not isinstance(data, list):
+            return None
+        shared = _window_at(answers[1], self.info_window) if self.info_path and len(answers) > 1 else None
+        out: list[ServedModel] = []
+        seen: set[str] = set()
+        for entry in data:
+            model_id = entry.get("id") if isinstance(entry, Mapping) else None
+            if not isinstance(model_id, str) or not model_id or len(model_id) > _MAX_MODEL_ID or model_id in seen:
+                continue
+            seen.add(model_id)
+            assert isinstance(entry, Mapping)
+            owned = entry.get("owned_by")
+            window = shared or _window_at(entry, self.window_keys)
+            out.append(ServedModel(model_id, owned if isinstance(owned, str) and owned else owner, window))
+            if len(out) == MAX_MODELS:
+                break
+        return tuple(out)
+
+
+DEFAULT_MODELS = ModelsTable()
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,6 +291,19 @@ class TableAdapter:
     native_apis: frozenset[str] = frozenset()
     """The client protocols the engine serves itself, among NATIVE_APIS: their bytes pass through
     (errors still normalised); the rest are translated to chat completions."""
+    models: ModelsTable = DEFAULT_MODELS
+    """What the engine serves and its context window (docs/routing.md, "Model discovery")."""
+
+    @property
+    def models_calls(self) -> Sequence[ModelsCall]:
+        return self.models.calls()
+
+    def parse_models(self, answers: Sequence[Any]) -> tuple[ServedModel, ...] | None:
+        return self.models.parse(answers, self.kind)
+
+    @property
+    def any_model(self) -> bool:
+        return self.models.any_model
 
     def parse_load(self, metrics_text: str, now: float) -> EngineLoad:
         return self.load.parse(metrics_text, now)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from engines.base import LaunchSpec
 from engines.promtext import LoadTable, Ratio
-from engines.table import MessagesTokenizer, TableAdapter, cap_flag, name_flag
+from engines.table import MessagesTokenizer, ModelsTable, TableAdapter, cap_flag, name_flag
 
 LOAD = LoadTable(
     running=("vllm:num_requests_running",),
@@ -39,4 +39,6 @@ ADAPTER = TableAdapter(
     # Measured on vLLM 0.32 (docs/protocols.md): /v1/messages and count_tokens; /v1/responses (stream too;
     # GET by id and previous_response_id need VLLM_ENABLE_RESPONSES_API_STORE=1), /tokenize and /detokenize.
     native_apis=frozenset({"messages", "count_tokens", "responses", "tokenize"}),
+    # /v1/models: {"id": <--served-model-name>, "owned_by": "vllm", "max_model_len": <--max-model-len>}.
+    models=ModelsTable(window_keys=(("max_model_len",),)),
 )

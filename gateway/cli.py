@@ -78,12 +78,13 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from gateway.tools.plan import render_plan
+    from gateway.tools.plan import backend_windows, render_plan
 
     config = _load(args.config)
     if config is None:
         return 1
-    print(render_plan(config, kv_config=args.model_config, parallel=args.parallel))
+    windows = backend_windows(config, offline=args.offline)
+    print(render_plan(config, kv_config=args.model_config, parallel=args.parallel, windows=windows))
     return 0
 
 
@@ -144,6 +145,9 @@ def parser() -> argparse.ArgumentParser:
     pl.add_argument("--config", default=DEFAULT_CONFIG)
     pl.add_argument("--model-config", default=None, help="a Hugging Face config.json, to size the KV cache")
     pl.add_argument("--parallel", type=int, default=4, help="concurrent sequences per backend")
+    pl.add_argument(
+        "--offline", action="store_true", help="do not ask running engines for their context window (1 s each)"
+    )
     pl.set_defaults(func=cmd_plan)
 
     k = sub.add_parser("kv", help="KV-cache memory a context cap implies")

@@ -168,6 +168,12 @@ class BackendConfig(_Model):
     api_key: SecretStr | None = None
     model: str | None = None
     """The model name this backend serves; sent upstream in place of the client's name."""
+    context_window: Annotated[int, Field(ge=16)] | None = None
+    """Tokens a request may use on this backend (prompt + output), for an engine that reports none;
+    it wins over the window the gateway discovers. The effective cap is min(route cap, window)."""
+    discover_models: bool = True
+    """Ask the engine what it serves and its window, with each health round (routing by model,
+    /v1/models, the window as a cap); false: only `model:` and `context_window:` count."""
     max_in_flight: Annotated[int, Field(ge=1)] | None = None
     discover: bool = False
     """Resolve the URL's host name every health round and make each address a backend: the
@@ -237,6 +243,9 @@ class RouteConfig(_Model):
     def _yaml_off(cls, value: object) -> object:
         return "off" if value is False else value  # YAML reads a bare `off` as false
 
+    aliases: Mapping[str, str] = {}
+    """Client-facing names of this route that stand for a served model: `{my-model: Qwen/Qwen3-0.6B}`."""
+
     @property
     def label(self) -> str:
         return self.name or self.model
@@ -257,6 +266,8 @@ class GatewayConfig(_Model):
     redis: RedisConfig | None = None
     pools: Mapping[Annotated[str, Field(pattern=_NAME_PATTERN)], PoolConfig]
     routes: Annotated[tuple[RouteConfig, ...], Field(min_length=1)]
+    aliases: Mapping[str, str] = {}
+    """Client-facing names for served models, for every route: checked before any route's own."""
 
     @model_validator(mode="after")
     def _check_references(self) -> GatewayConfig:
@@ -275,6 +286,13 @@ class GatewayConfig(_Model):
                 if name in seen:
                     problems.append(f"pools.{pool_name}.backends.{j}.name: duplicate backend name {name!r}")
                 seen.add(name)
+        for where, aliases in (
+            ("aliases", self.aliases),
+            *((f"routes.{i}.aliases", r.aliases) for i, r in enumerate(self.routes)),
+        ):
+            for alias, target in aliases.items():
+                if not alias or any(c in alias for c in "*?[") or not target:
+                    problems.append(f"{where}.{alias}: an alias is a plain name for a non-empty model name")
         names = [k.name for k in self.keys]
         for name in {x for x in names if names.count(x) > 1}:
             problems.append(f"keys: duplicate key name {name!r}")

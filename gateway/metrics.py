@@ -1,5 +1,6 @@
 """Every gateway_* metric, in the gateway's own CollectorRegistry. Labels are bounded: route,
-pool, backend, engine, outcome and a few fixed enums; a client's model string never becomes one."""
+pool, backend, engine, outcome and a few fixed enums; a client's model string never becomes one
+(gateway_backend_model_info's `model` is what an engine serves, at most 32 a backend)."""
 
 from __future__ import annotations
 
@@ -209,6 +210,13 @@ class GatewayMetrics:
         )
         self.backend_up = Gauge(
             "gateway_backend_up", "1 when the backend is healthy.", ("pool", "backend", "engine"), registry=r
+        )
+        self.backend_model = Gauge(
+            "gateway_backend_model_info",
+            "A model the backend serves (its config `model:`, else what its /v1/models lists, at most 32 "
+            "a backend); the value is its context window in tokens, 0 when unknown.",
+            ("pool", "backend", "model"),
+            registry=r,
         )
         self.backend_load = Gauge(
             "gateway_backend_load",

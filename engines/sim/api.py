@@ -19,7 +19,7 @@ from engines.sim.text import count_tokens, embedding, embedding_base64, render_c
 Handler = Callable[[HttpConn, HttpRequest, Fault], Awaitable[None]]
 # Paths a gateway polls on its own (health checks, scrapes, discovery): not counted, not recorded, and the
 # server-wide fault does not apply to them (see SimServer.set_fault's probe_fault).
-PROBE_PATHS = frozenset({"/health", "/metrics", "/v1/models", "/slots"})
+PROBE_PATHS = frozenset({"/health", "/metrics", "/v1/models", "/slots", "/props"})
 
 
 class Killed(Exception):
@@ -56,6 +56,7 @@ class SimApi:
         if isinstance(self.flavour, LlamacppFlavour):
             self.routes[("POST", "/apply-template")] = self.apply_template
             self.routes[("GET", "/slots")] = self.slots
+            self.routes[("GET", "/props")] = self.props
         if self.flavour.version() is not None:
             self.routes[("GET", "/version")] = self.version
 
@@ -194,6 +195,10 @@ class SimApi:
     async def slots(self, conn: HttpConn, req: HttpRequest, fault: Fault) -> None:
         assert isinstance(self.flavour, LlamacppFlavour)
         await self.send_json(conn, fault, 200, self.flavour.slots(self.engine.core.running))
+
+    async def props(self, conn: HttpConn, req: HttpRequest, fault: Fault) -> None:
+        assert isinstance(self.flavour, LlamacppFlavour)
+        await self.send_json(conn, fault, 200, self.flavour.props())
 
     async def embeddings(self, conn: HttpConn, req: HttpRequest, fault: Fault) -> None:
         body = self.parse_body(req)

@@ -92,6 +92,17 @@ class LlamacppFlavour(OpenAIFlavour):
     def detokenized(self, text: str) -> JsonObj:
         return {"content": text}
 
+    def props(self) -> JsonObj:
+        """The real /props' keys that say what it serves: the per-slot window (the real one's is -c divided
+        by --parallel), the slot count, the alias and the model path (here both the model name)."""
+        name = self.params.model
+        return {
+            "default_generation_settings": {"n_ctx": self.params.context_limit},
+            "total_slots": self.params.max_batch,
+            "model_alias": name,
+            "model_path": name,
+        }
+
     def slots(self, running: Sequence[SimSequence]) -> list[JsonObj]:
         """One entry per slot; running sequences fill the first ones. A slot without a task has only the
         first four keys (the real one keeps its last task's after it ends; the simulator forgets it)."""

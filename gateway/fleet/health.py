@@ -11,6 +11,7 @@ import time
 
 from gateway.config import HealthConfig
 from gateway.errors import GatewayError
+from gateway.fleet.catalog import ModelCatalog
 from gateway.fleet.discovery import apply_discovery, resolve
 from gateway.fleet.registry import Backend, Registry
 from gateway.metrics import GatewayMetrics
@@ -83,8 +84,10 @@ class HealthChecker:
         upstream: UpstreamClient,
         metrics: GatewayMetrics,
         config: HealthConfig,
+        catalog: ModelCatalog | None = None,
     ) -> None:
         self._registry = registry
+        self._catalog = catalog or ModelCatalog(registry, upstream, metrics, config.timeout_s)
         self._state = state
         self._upstream = upstream
         self._metrics = metrics
@@ -121,6 +124,7 @@ class HealthChecker:
     def forget(self, backend: Backend) -> None:
         """Drop a gone backend's series, so /metrics does not keep reporting it."""
         m = self._metrics
+        self._catalog.forget(backend)
         for metric, labels in (
             (m.backend_up, (backend.pool, backend.name, backend.engine)),
             (m.scrape_age, (backend.pool, backend.name)),
@@ -150,6 +154,8 @@ class HealthChecker:
                     backend.pool,
                     "healthy" if now else "unhealthy",
                 )
+        # What each healthy engine serves, every round: an engine restarted with another model is seen.
+        await self._catalog.refresh([b for b in backends if b.healthy and not b.retired and b.discover_models])
 
     async def run(self) -> None:
         while True:

@@ -8,10 +8,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from engines.adapters import adapter_for
-from engines.base import EngineAdapter, EngineLoad
+from engines.base import EngineAdapter, EngineLoad, ServedModel
 from gateway.config import GatewayConfig, backend_name
 from gateway.fleet.discovery import Discovered
 from gateway.policy.balancer import Candidate
+from gateway.policy.models import EMPTY_INDEX, ModelIndex, build_index
 
 
 @dataclass(eq=False)
@@ -24,6 +25,16 @@ class Backend:
     model: str | None
     max_in_flight: int | None
     adapter: EngineAdapter
+    context_window: int | None = None
+    """The config's `context_window:`; wins over a discovered one."""
+    discover_models: bool = True
+    """Whether fleet/catalog.py asks the engine what it serves."""
+    served: tuple[ServedModel, ...] = ()
+    """What the engine's /v1/models last listed (fleet/catalog.py)."""
+    names: tuple[str, ...] = ()
+    """The model names it serves: the config's `model:`, else the discovered ids."""
+    window: int | None = None
+    """Its context window in tokens: the config's, else the discovered one of the model it serves."""
     healthy: bool = False
     checked: bool = False
     consecutive_failures: int = 0
@@ -35,6 +46,18 @@ class Backend:
     readmitted_at: float | None = None
     """time.monotonic() of the return from an outage, for slow start."""
     """Gone from DNS: takes no new requests, and leaves the registry when its last one ends."""
+
+    def __post_init__(self) -> None:
+        self.set_served(self.served)
+
+    def set_served(self, served: tuple[ServedModel, ...]) -> None:
+        """Take what discovery found; the names and the window follow (the config's win)."""
+        self.served = served
+        self.names = (self.model,) if self.model else tuple(m.id for m in served)
+        found = next((m for m in served if m.id == self.model), None) if self.model else None
+        if found is None and len(served) == 1:
+            found = served[0]
+        self.window = self.context_window or (found.window if found else None)
 
     def auth_headers(self) -> dict[str, str]:
         """The backend's own key, for every call the gateway makes to it."""
@@ -65,6 +88,8 @@ class Registry:
         self.pools: dict[str, list[Backend]] = {}
         self.by_name: dict[str, Backend] = {}
         self.discovered: list[Discovered] = []
+        self.models: ModelIndex = EMPTY_INDEX
+        """Model name -> pool -> serving backends; replaced whole by fleet/catalog.py on a change."""
         for pool_name, pool in config.pools.items():
             members = []
             # A simulator speaks one real engine's API exactly, so it is driven by that adapter.
@@ -82,10 +107,18 @@ class Registry:
                     model=b.model,
                     max_in_flight=b.max_in_flight,
                     adapter=adapter,
+                    context_window=b.context_window,
+                    discover_models=b.discover_models,
                 )
                 members.append(backend)
                 self.by_name[backend.name] = backend
             self.pools[pool_name] = members
+        self.rebuild_models()
+
+    def rebuild_models(self) -> None:
+        """The model index from every member's names: after discovery or membership changed, never
+        per request."""
+        self.models = build_index((b.pool, b.name, b.names) for b in self.by_name.values())
 
     def __iter__(self) -> Iterator[Backend]:
         return iter(self.by_name.values())
@@ -113,9 +146,12 @@ class Registry:
             model=cfg.model,
             max_in_flight=cfg.max_in_flight,
             adapter=entry.adapter,
+            context_window=cfg.context_window,
+            discover_models=cfg.discover_models,
         )
         self.pools[entry.pool].append(backend)
         self.by_name[backend.name] = backend
+        self.rebuild_models()
         return backend
 
     def holds(self, backend: Backend) -> bool:
@@ -126,6 +162,7 @@ class Registry:
         if backend.retired and backend.in_flight == 0 and self.by_name.get(backend.name) is backend:
             del self.by_name[backend.name]
             self.pools[backend.pool].remove(backend)
+            self.rebuild_models()
 
     def set_load(self, backend: Backend, load: EngineLoad) -> None:
         backend.load = load

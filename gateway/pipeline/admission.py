@@ -4,6 +4,7 @@ slot when every healthy one is at its max_in_flight (the queue itself is fleet/c
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from gateway.config import LimitsConfig
 from gateway.errors import NoHealthyBackend, Overloaded
@@ -31,8 +32,8 @@ class Admission:
             left = deadline - time.perf_counter()
             if not await self._capacity.wait_for_slot(plan.pool, left, self._limits.max_queue):
                 raise Overloaded(f"Every backend of pool '{plan.pool}' is at its concurrency limit.", retry_after=1)
-            backends, saturated, home = self._router.order(plan.pool, plan.key)
-            plan = Plan(plan.pool, plan.rule, backends, plan.facts, plan.fingerprint, plan.key, saturated, home)
+            backends, saturated, home = self._router.order(plan.pool, plan.key, only=plan.only)
+            plan = replace(plan, backends=backends, saturated=saturated, home=home)
         if not backends:
             raise NoHealthyBackend(f"No healthy backend can serve route '{route}'.", retry_after=5)
         self._metrics.child(self._metrics.queue_wait, route, plan.pool).observe(time.perf_counter() - started)

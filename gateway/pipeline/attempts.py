@@ -88,7 +88,7 @@ class Attempts:
             gauge.inc()
             try:
                 target = protocol.target(inbound, backend.engine)
-                upstream_model = backend.model or model
+                upstream_model = self._router.upstream_model(plan, backend, model, inbound.model)
                 body = bodies.get((upstream_model, target.path))
                 if body is None:
                     body = bodies[(upstream_model, target.path)] = protocol.encode(
@@ -119,6 +119,8 @@ class Attempts:
                         continue
                     raise error
                 self._router.learn(plan, backend.name)
+                if upstream_model is not None:  # an alias, a backend's `model:`, or a wildcard's rewrite
+                    ex.headers.append((b"x-gateway-model", upstream_model.encode("latin-1", "replace")))
                 try:
                     if inbound.stream:
                         await self._relay.stream(ex, send, resp, protocol, inbound, edits, target, owner)

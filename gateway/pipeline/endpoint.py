@@ -121,11 +121,12 @@ class CompletionEndpoint:
                 ex.disconnect_stage = "before_backend"
                 return
             inbound = protocol.parse(raw, self._config.limits)
-            route = self._config.route_for(inbound.model)
-            if route is None:
+            resolved = self._router.resolve(inbound.model)  # aliases, then the route
+            if resolved is None:
                 raise ModelNotFound(
                     f"The model '{_clip(inbound.model)}' does not exist on this gateway.", param="model"
                 )
+            route = resolved.route
             ex.route, ex.model, ex.stream = route.label, inbound.model, inbound.stream
             if self._variants:
                 protocol = self._variants.get(route.label, protocol)
@@ -134,12 +135,13 @@ class CompletionEndpoint:
             view = protocol.estimate_view(inbound)
             estimate = self._caps.routing_estimate(route, inbound, view)
             if inbound.pin is None:
-                plan = self._router.plan(route, inbound, view, headers, estimate)
+                plan = self._router.plan(route, inbound, view, headers, estimate, resolved.name)
             else:
                 plan = self._pinned(route, inbound, view, headers, estimate)
             ex.pool, ex.rule = plan.pool, plan.rule
             backends, plan = await self._admission.admit(plan, route.label)
-            cap_edits, count = await self._caps.apply(route, inbound, view, backends[0])
+            first = self._router.upstream_model(plan, backends[0], route.upstream_model, inbound.model)
+            cap_edits, count = await self._caps.apply(route, inbound, view, backends[0], first or inbound.model)
             ex.estimator_key, ex.prompt_chars, ex.prompt_messages = count.key, count.chars, count.messages
             ex.prompt_estimate, ex.prompt_exact = count.estimate, count.exact
             edits = protocol.base_edits(inbound).then(cap_edits)

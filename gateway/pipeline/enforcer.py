@@ -17,10 +17,11 @@ from gateway.metrics import GatewayMetrics
 from gateway.pipeline.edits import NO_EDITS, Edits
 from gateway.policy.caps import (
     PER_MESSAGE_TOKENS,
-    ROUTE_CAP,
     CapDecision,
     TokenEstimator,
+    cap_source,
     decide,
+    effective_cap,
     learnable,
     message_chars,
     prompt_size,
@@ -64,19 +65,26 @@ class CapEnforcer:
         return self.estimator.estimate(key, chars, messages, known + wide)
 
     async def apply(
-        self, route: RouteConfig, inbound: Inbound, view: Mapping[str, Any] | None, backend: Backend
+        self,
+        route: RouteConfig,
+        inbound: Inbound,
+        view: Mapping[str, Any] | None,
+        backend: Backend,
+        model: str | None = None,
     ) -> tuple[Edits, PromptCount]:
-        """The cap's edits for this request on `backend`, and the prompt's count; raises
-        ContextLengthExceeded when it cannot be made to fit."""
+        """The cap's edits for this request on `backend` (asked about `model`, the name it is sent),
+        and the prompt's count; raises ContextLengthExceeded when it cannot be made to fit. The cap
+        is the route's or the backend's context window, whichever is smaller."""
         if view is None:
             return NO_EDITS, NO_PROMPT
         caps = route.caps
         chars, messages, known, wide = prompt_size(view)
-        model = backend.model or route.upstream_model or inbound.model
+        model = model or backend.model or route.upstream_model or inbound.model
         key = (route.label, model)
         estimate = self.estimator.estimate(key, chars, messages, known + wide)
         count = PromptCount(key, chars, messages, wide, estimate)
-        cap = caps.max_context_tokens
+        window = backend.window
+        cap = effective_cap(caps.max_context_tokens, window)
         if cap is None and caps.default_max_tokens is None and caps.max_tokens_limit is None:
             return NO_EDITS, count
         prompt, method = estimate, "estimate"
@@ -87,11 +95,13 @@ class CapEnforcer:
             else:
                 prompt, method = exact, "exact"
                 count = PromptCount(key, chars, messages, wide, estimate, exact)
-        decision = decide(caps, prompt, inbound.max_tokens)
+        decision = decide(caps, prompt, inbound.max_tokens, window)
         edits = NO_EDITS
         if decision.action == "reject" or (cap is not None and prompt > cap):
             if caps.on_exceed == "truncate_oldest" and inbound.messages is not None and cap is not None:
-                edits, count, decision = await self._truncate(route, inbound, view, backend, model, prompt, method)
+                edits, count, decision = await self._truncate(
+                    route, inbound, view, backend, model, prompt, method, window
+                )
             else:
                 self._metrics.cap_actions.labels(route.label, "rejected", method).inc()
                 raise ContextLengthExceeded(decision.message, param="messages")
@@ -116,9 +126,10 @@ class CapEnforcer:
         model: str,
         prompt: int,
         method: str,
+        window: int | None,
     ) -> tuple[Edits, PromptCount, CapDecision]:
         assert inbound.messages is not None
-        cap = route.caps.max_context_tokens
+        cap = effective_cap(route.caps.max_context_tokens, window)
         assert cap is not None
         key = (route.label, model)
         ratio = self.estimator.ratio(key)
@@ -133,7 +144,7 @@ class CapEnforcer:
             raise ContextLengthExceeded(
                 context_message(cap, prompt, inbound.max_tokens)
                 + " Dropping old messages cannot make it fit: the system prompt and the last user message"
-                " are always kept." + ROUTE_CAP,
+                " are always kept." + cap_source(route.caps.max_context_tokens, window),
                 param="messages",
             )
         kept, dropped = result
@@ -152,7 +163,7 @@ class CapEnforcer:
             dropped_messages=dropped,
             headers=((b"x-gateway-truncated-messages", str(dropped).encode()),),
         )
-        decision = decide(route.caps, new_prompt, inbound.max_tokens)
+        decision = decide(route.caps, new_prompt, inbound.max_tokens, window)
         if decision.action == "reject":
             raise ContextLengthExceeded(decision.message, param="messages")
         return edits, PromptCount(key, chars, count, wide, new_prompt, exact), decision

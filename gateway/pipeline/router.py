@@ -1,5 +1,7 @@
-"""Turn a routed request into a plan: the pool its route's rules pick (with fallback), and the
-pool's healthy backends in the balancer's order. Holds the routing memory (prefix tracker,
+"""Turn a routed request into a plan: the client's model name through aliases to a route
+(resolve), the pool (those whose healthy backends serve the name exactly first, then the route's
+rules, with fallback), and the pool's healthy backends in the balancer's order; the name sent to
+each backend (upstream_model). Holds the routing memory (prefix tracker,
 balancers); the decisions themselves are the pure functions of rules.py and balancer.py, and the
 memory learns only from what served (learn(), called once the first byte arrived)."""
 
@@ -14,8 +16,9 @@ from gateway.config import GatewayConfig, RouteConfig
 from gateway.fleet.registry import Backend, Registry
 from gateway.metrics import GatewayMetrics
 from gateway.policy.balancer import BalanceKey, Balancer, make_balancer
+from gateway.policy.models import ModelNames, Resolved, choose_pool, upstream_model
 from gateway.policy.prefix import PrefixTracker, canonical_prompt, conversation_anchor, fingerprint
-from gateway.policy.rules import Platform, RequestFacts, select_pool
+from gateway.policy.rules import Platform, RequestFacts
 from gateway.protocols.base import Inbound
 
 
@@ -31,6 +34,12 @@ class Plan:
     """Healthy backends exist, but every one is at its max_in_flight: the request may queue."""
     home: str | None = None
     """Where the balancer's memory says this conversation lives (explicit input to learn())."""
+    model: str = ""
+    """The model name after aliases ("" = the client's)."""
+    only: tuple[str, ...] | None = None
+    """The pool's backends that serve the model, when not all of them do."""
+    wildcard: bool = False
+    """The route is a glob: a name the chosen backend does not serve is rewritten to the one it does."""
 
 
 class Router:
@@ -39,12 +48,36 @@ class Router:
         self._registry = registry
         self._metrics = metrics
         self._platform = platform
+        self._names = ModelNames(config)
         self._tracker = PrefixTracker(config.routing.shared_prefix)
         self._balancers: dict[str, Balancer] = {
             name: make_balancer(pool.balancer, pool) for name, pool in config.pools.items()
         }
         self._needs_prefix = any(p.balancer == "prefix_affinity" for p in config.pools.values()) or any(
             rule.when.shared_prefix is not None for r in config.routes for rule in r.rules
+        )
+
+    def resolve(self, requested: str) -> Resolved | None:
+        """The route and model name for a client's model name (aliases first); None: no route."""
+        return self._names.resolve(requested)
+
+    @property
+    def config(self) -> GatewayConfig:
+        return self._config
+
+    @property
+    def names(self) -> ModelNames:
+        return self._names
+
+    def upstream_model(self, plan: Plan, backend: Backend, route_upstream: str | None, requested: str) -> str | None:
+        """The model name to send to `backend` for this plan; None: the client's own."""
+        return upstream_model(
+            requested,
+            plan.model or requested,
+            configured=backend.model,
+            route_upstream=route_upstream,
+            served=backend.names,
+            wildcard=plan.wildcard,
         )
 
     def balancer(self, pool: str) -> Balancer:
@@ -63,6 +96,7 @@ class Router:
         headers: dict[str, str],
         prompt_tokens: int,
         now: float,
+        model: str = "",
     ) -> tuple[RequestFacts, tuple[int, ...]]:
         fp: tuple[int, ...] = ()
         shared = False
@@ -70,7 +104,7 @@ class Router:
             fp = fingerprint(canonical_prompt(view), self._config.routing.shared_prefix.block_chars)
             shared = self._tracker.observe(fp, now).shared
         facts = RequestFacts(
-            model=inbound.model,
+            model=model or inbound.model,
             stream=inbound.stream,
             has_tools=inbound.has_tools,
             headers=headers,
@@ -87,12 +121,20 @@ class Router:
         view: Mapping[str, Any] | None,
         headers: dict[str, str],
         prompt_tokens: int = 0,
+        model: str = "",
     ) -> Plan:
+        """`model` is the name after aliases (default: the client's)."""
         now = time.monotonic()
-        facts, fp = self.facts(route, inbound, view, headers, prompt_tokens, now)
-        decision = select_pool(route, facts, self._registry.pool_available)
+        name = model or inbound.model
+        facts, fp = self.facts(route, inbound, view, headers, prompt_tokens, now, name)
+        # One dict lookup: the index is rebuilt when discovery changes, never per request.
+        index = self._registry.models
+        serving = index.pools(name)
+        healthy = self._healthy_servers(serving) if serving else {}
+        servers = serving.keys() | index.unknown if healthy else ()
+        decision = choose_pool(route, facts, healthy.keys(), self._registry.pool_available, frozenset(servers))
         if decision is None:
-            return Plan(pool=route.pools[0], rule="none", backends=[], facts=facts, fingerprint=fp)
+            return Plan(pool=route.pools[0], rule="none", backends=[], facts=facts, fingerprint=fp, model=name)
         self._metrics.child(self._metrics.route_decisions, route.label, decision.pool, decision.rule).inc()
         session = headers.get(self._config.pools[decision.pool].session_header.lower()) or inbound.user
         anchor = conversation_anchor(view, self._config.routing.shared_prefix.block_chars) if fp and view else None
@@ -102,7 +144,8 @@ class Router:
             anchor=anchor.key if anchor else None,
             anchor_block=anchor.block if anchor else 0,
         )
-        backends, saturated, home = self.order(decision.pool, key, now)
+        only = healthy.get(decision.pool)
+        backends, saturated, home = self.order(decision.pool, key, now, only)
         return Plan(
             pool=decision.pool,
             rule=decision.rule,
@@ -112,6 +155,9 @@ class Router:
             key=key,
             saturated=saturated,
             home=home,
+            model=name,
+            only=only,
+            wildcard=route.is_glob,
         )
 
     def pinned(
@@ -137,11 +183,32 @@ class Router:
         """The engine kinds of the route's backends."""
         return {b.engine for pool in route.pools for b in self._registry.pools.get(pool, ())}
 
-    def order(self, pool: str, key: BalanceKey, now: float | None = None) -> tuple[list[Backend], bool, str | None]:
-        """The pool's healthy backends with capacity, in the balancer's order; whether some healthy
-        backend was left out only for being full; and the conversation's learned home, if any."""
+    def _healthy_servers(self, serving: Mapping[str, tuple[str, ...]]) -> dict[str, tuple[str, ...] | None]:
+        """Pool -> its healthy backends that serve the name, and those that never said what they
+        serve (None: all of the pool's backends do; the usual case, no scan)."""
+        by_name = self._registry.by_name
+        out: dict[str, tuple[str, ...] | None] = {}
+        for pool, names in serving.items():
+            if not any((b := by_name.get(n)) is not None and b.healthy and not b.retired for n in names):
+                continue
+            members = self._registry.pools.get(pool, ())
+            if len(names) == len(members):
+                out[pool] = None
+            else:
+                out[pool] = tuple(b.name for b in members if not b.names or b.name in names)
+        return out
+
+    def order(
+        self, pool: str, key: BalanceKey, now: float | None = None, only: tuple[str, ...] | None = None
+    ) -> tuple[list[Backend], bool, str | None]:
+        """The pool's healthy backends with capacity (of `only`, when given: those that serve the
+        model), in the balancer's order; whether some healthy backend was left out only for being
+        full; and the conversation's learned home, if any."""
         now = time.monotonic() if now is None else now
-        ordered, home = self._balancers[pool].decide(self._registry.candidates(pool, now), key)
+        candidates = self._registry.candidates(pool, now)
+        if only is not None:
+            candidates = [c for c in candidates if c.name in only]
+        ordered, home = self._balancers[pool].decide(candidates, key)
         by_name = self._registry.by_name
         backends = [by_name[c.name] for c in ordered if by_name[c.name].has_room()]
         return backends, bool(ordered) and not backends, home

@@ -13,6 +13,7 @@ from gateway.config import CapsConfig
 
 ROUTE_CAP = " (The limit is this gateway route's context cap.)"
 """Appended to the gateway's own context errors, so that an operator can tell them from an engine's."""
+ENGINE_WINDOW = " (The limit is the serving engine's context window.)"
 
 # Tokens a chat template adds around each message (role markers, separators) and once per prompt.
 # Learned ratios absorb the rest; these keep short prompts from being underestimated.
@@ -213,14 +214,27 @@ class CapDecision:
     message: str = ""
 
 
-def decide(caps: CapsConfig, prompt_tokens: int, requested: int | None) -> CapDecision:
-    """What to do with a prompt of `prompt_tokens` asking for `requested` output tokens."""
+def effective_cap(route_cap: int | None, window: int | None) -> int | None:
+    """The smaller of the route's cap and the serving backend's context window (either may be unknown)."""
+    if route_cap is None or window is None:
+        return window if route_cap is None else route_cap
+    return min(route_cap, window)
+
+
+def cap_source(route_cap: int | None, window: int | None) -> str:
+    """The sentence a context error ends with: whose limit it was."""
+    return ENGINE_WINDOW if window is not None and (route_cap is None or window < route_cap) else ROUTE_CAP
+
+
+def decide(caps: CapsConfig, prompt_tokens: int, requested: int | None, window: int | None = None) -> CapDecision:
+    """What to do with a prompt of `prompt_tokens` asking for `requested` output tokens, under the
+    route's cap or the backend's context `window`, whichever is smaller."""
     limit = caps.max_tokens_limit
-    cap = caps.max_context_tokens
+    cap = effective_cap(caps.max_context_tokens, window)
     if cap is not None and prompt_tokens >= cap:
         return CapDecision(
             "reject",
-            message=context_message(cap, prompt_tokens, requested) + ROUTE_CAP,
+            message=context_message(cap, prompt_tokens, requested) + cap_source(caps.max_context_tokens, window),
         )
     room = cap - prompt_tokens if cap is not None else None
     if requested is None:

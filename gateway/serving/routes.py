@@ -15,12 +15,14 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from gateway.access.gate import AccessGate
+from gateway.access.keys import ClientKey
 from gateway.config import GatewayConfig
-from gateway.errors import GatewayError, MethodNotAllowed, NotFound
-from gateway.fleet.registry import Registry
+from gateway.errors import GatewayError, MethodNotAllowed, ModelNotFound, NotFound
+from gateway.fleet.registry import Backend, Registry
 from gateway.fleet.scraper import LoadScraper
 from gateway.metrics import GatewayMetrics
 from gateway.pipeline.endpoint import CompletionEndpoint
+from gateway.policy.models import ModelNames
 from gateway.serving.lifecycle import Lifecycle
 from gateway.serving.openapi import openapi_bytes
 
@@ -50,18 +52,36 @@ class Endpoints:
         self._scraper = scraper
         self._created = int(time.time())
         self._openapi = openapi_bytes(config.limits)
+        self._names = ModelNames(config)
+
+    def model_list(self) -> dict[str, dict[str, Any]]:
+        return model_entries(self._config, self._registry, self._names, self._created)
+
+    def _client(self, request: Request) -> ClientKey | None:
+        return self._access.authenticate(request.headers.get("authorization"), request.headers.get("x-api-key"))
 
     async def models(self, request: Request) -> Response:
         try:
-            client = self._access.authenticate(request.headers.get("authorization"), request.headers.get("x-api-key"))
+            client = self._client(request)
         except GatewayError as err:
             return error_response(err)
-        data = [
-            {"id": r.model, "object": "model", "created": self._created, "owned_by": "gateway"}
-            for r in self._config.routes
-            if not r.is_glob and (client is None or client.allows(r.model))
-        ]
+        data = [e for m, e in self.model_list().items() if client is None or client.allows(m)]
         return JSONResponse({"object": "list", "data": data})
+
+    async def model(self, request: Request) -> Response:
+        """GET /v1/models/{id}: one entry (ids may hold slashes), or OpenAI's 404."""
+        try:
+            client = self._client(request)
+        except GatewayError as err:
+            return error_response(err)
+        model = request.path_params["model"]
+        if not model:  # /v1/models/ is no endpoint (and never a redirect: issue 12)
+            return error_response(NotFound(f"No such endpoint: {request.url.path}."))
+        entry = self.model_list().get(model)
+        if entry is None or (client is not None and not client.allows(model)):
+            shown = model if len(model) <= 64 else model[:64] + "..."
+            return error_response(ModelNotFound(f"The model '{shown}' does not exist.", param="model"))
+        return JSONResponse(entry)
 
     async def healthz(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -103,6 +123,7 @@ class Endpoints:
         out: list[BaseRoute] = [Route(e.path, e, methods=["POST"]) for e in completions]
         out += [
             Route("/v1/models", self.models, methods=["GET"]),
+            Route("/v1/models/{model:path}", self.model, methods=["GET"]),
             Route("/healthz", self.healthz, methods=["GET"]),
             Route("/health", self.healthz, methods=["GET"]),  # vLLM's and SGLang's name; guidellm checks it
             Route("/readyz", self.readyz, methods=["GET"]),
@@ -110,6 +131,42 @@ class Endpoints:
             Route("/openapi.json", self.openapi, methods=["GET"]),
         ]
         return out
+
+
+def model_entries(
+    config: GatewayConfig, registry: Registry, names: ModelNames, created: int
+) -> dict[str, dict[str, Any]]:
+    """Every name a client may pick, once each: the routes' exact names, the aliases, then each
+    model a backend serves (its `model:`, else what its engine listed) that some route takes, in
+    OpenAI's shape, with `max_model_len` (the smallest window among the backends that serve it)
+    where one is known."""
+
+    def entry(model: str, owner: str) -> dict[str, Any]:
+        return {"id": model, "object": "model", "created": created, "owned_by": owner}
+
+    found: dict[str, dict[str, Any]] = {}
+    for backend in registry:
+        for model in backend.names:
+            if names.resolve(model) is None:  # served, but no route takes this name: not the client's
+                continue
+            item = found.setdefault(model, entry(model, _owner(backend, model)))
+            if backend.window is not None:
+                item["max_model_len"] = min(item.get("max_model_len", backend.window), backend.window)
+    out: dict[str, dict[str, Any]] = {}
+    for route in config.routes:
+        if not route.is_glob:
+            out.setdefault(route.model, found.get(route.model) or entry(route.model, "gateway"))
+    for alias, target in names.aliases().items():
+        if alias not in out:
+            out[alias] = {**(found.get(target) or entry(target, "gateway")), "id": alias}
+    for model, item in found.items():
+        out.setdefault(model, item)
+    return out
+
+
+def _owner(backend: Backend, model: str) -> str:
+    """Who the engine says owns the model (vLLM: "vllm"), else the engine kind."""
+    return next((m.owned_by for m in backend.served if m.id == model), backend.engine)
 
 
 async def http_exception(request: Request, exc: Any) -> Response:

@@ -23,7 +23,9 @@ from gateway import accesslog
 from gateway.app import Gateway, GatewayApp, create_app
 from gateway.config import ConfigError, GatewayConfig, load_config
 from gateway.policy.rules import Platform
+from gateway.serving.banner import model_lines
 from gateway.serving.protocol import protocol_class
+from gateway.serving.routes import model_entries
 
 log = logging.getLogger(__name__)
 
@@ -170,10 +172,27 @@ async def serve(
     if server.started:
         shown = f"[{host}]" if ":" in host else host
         log.info("gateway listening on http://%s:%d (Ctrl-C to stop)", shown, sock.getsockname()[1])
+        _log_models(uvicorn_app(server))
     tune_gc()
     if started is not None:
         started.set()
     await task
+
+
+def uvicorn_app(server: uvicorn.Server) -> Any:
+    """The GatewayApp inside uvicorn's wrappers."""
+    app = server.config.loaded_app
+    while not hasattr(app, "state"):
+        app = app.app
+    return app
+
+
+def _log_models(app: Any) -> None:
+    """Once the first health round is done: each model found and where it routes, one line each."""
+    gw = app.state.gateway
+    listed = list(model_entries(gw.config, gw.registry, gw.router.names, 0))
+    for line in model_lines(gw.registry, gw.router, listed):
+        log.info("model %s", line)
 
 
 @dataclass
@@ -212,9 +231,7 @@ async def start(
                 task.result()
                 raise RuntimeError("the gateway stopped before it started")
             await asyncio.sleep(0.005)
-    app = uv.loaded_app
-    while not hasattr(app, "state"):
-        app = app.app
+    app = uvicorn_app(server)
     return Running(server, task, server.servers[0].sockets[0].getsockname()[1], app.state.gateway)
 
 

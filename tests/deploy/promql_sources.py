@@ -68,6 +68,7 @@ EXPECTED_METRICS: Mapping[str, MetricSpec] = {
     "gateway_client_disconnects": MetricSpec("counter", _REQ | _API | {"stage"}),
     "gateway_disconnect_wasted_tokens": MetricSpec("counter", _REQ),
     "gateway_backend_up": MetricSpec("gauge", frozenset({"pool", "backend", "engine"})),
+    "gateway_backend_model_info": MetricSpec("gauge", frozenset({"pool", "backend", "model"})),
     "gateway_backend_load": MetricSpec("gauge", frozenset({"pool", "backend", "engine", "signal"})),
     "gateway_backend_scrape_age_seconds": MetricSpec("gauge", frozenset({"pool", "backend"})),
     "gateway_rate_limited": MetricSpec("counter", frozenset({"key", "limit"})),

@@ -311,8 +311,10 @@ def start_llamacpp(
     port: int | None = None,
     log_path: Path | None = None,
     ready_timeout: float = 60.0,
+    alias: str | None = MODEL_NAME,
 ) -> EngineServer:
-    """Start llama-server with ``-c ctx_per_slot*parallel --parallel N --metrics -a tiny``."""
+    """Start llama-server with ``-c ctx_per_slot*parallel --parallel N --metrics -a tiny``; with
+    ``alias=None`` no ``-a``, so that it lists (and ``.model`` is) the model file's path."""
     env = _require("llamacpp")
 
     def command(port: int) -> list[str]:
@@ -324,11 +326,11 @@ def start_llamacpp(
             "-c", str(ctx_per_slot * parallel),
             "--parallel", str(parallel),
             "--metrics",
-            "-a", MODEL_NAME,
+            *(["-a", alias] if alias is not None else []),
             *extra_args,
         ]  # fmt: skip
 
-    return _launch(
+    server = _launch(
         "llamacpp",
         command,
         env={},
@@ -339,6 +341,8 @@ def start_llamacpp(
         log_path=log_path,
         ready_timeout=ready_timeout,
     )
+    server.model = alias if alias is not None else env["TINY_GGUF"]
+    return server
 
 
 def start_vllm(

@@ -1,6 +1,7 @@
 """Fixtures for the real-engine integration tier: real llama-server, vLLM and SGLang processes.
 
 - ``llamacpp_server`` (session): llama-server on the tiny GGUF, 4 slots of 512 tokens each, --metrics.
+- ``llamacpp_no_alias`` (session): the same, started with no alias (it serves the model file's path).
 - ``vllm_server`` (session): vLLM on the tiny HF model, max_model_len 1024, max_num_seqs 2.
 - ``sglang_server`` (session): SGLang on the CPU on the tiny HF model, context_length 4096,
   max_running_requests 4, --enable-metrics, --enable-cache-report. ``GATEWAY_SGLANG=0`` skips its tests
@@ -106,6 +107,18 @@ def llamacpp_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.Tem
     _require_engine(request.config, "llamacpp")
     log = tmp_path_factory.mktemp("engines") / "llamacpp-session.log"
     server = servers.start_llamacpp(ctx_per_slot=512, parallel=4, log_path=log)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def llamacpp_no_alias(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """llama-server as a user starts it, with no `-a`: it serves (and `.model` is) the model file's path."""
+    _require_engine(request.config, "llamacpp")
+    log = tmp_path_factory.mktemp("engines") / "llamacpp-no-alias.log"
+    server = servers.start_llamacpp(ctx_per_slot=512, parallel=4, log_path=log, alias=None)
     try:
         yield server
     finally:

@@ -14,13 +14,14 @@ import httpx
 
 from gateway.app import Gateway
 from gateway.config import parse_config
+from gateway.policy.rules import Platform
 from gateway.serving.server import GatewayServer, uvicorn_config
 
 
 class GatewayThread:
-    def __init__(self, data: dict[str, Any]) -> None:
+    def __init__(self, data: dict[str, Any], platform: Platform = "nvidia_gpu") -> None:
         self.config = parse_config(data, env={})
-        self._uv = uvicorn_config(self.config, "127.0.0.1", 0, platform="nvidia_gpu", log_level="warning")
+        self._uv = uvicorn_config(self.config, "127.0.0.1", 0, platform=platform, log_level="warning")
         self.server = GatewayServer(self._uv)
         self._thread = threading.Thread(target=self._run, name="gateway", daemon=True)
         self.base_url = ""
@@ -61,8 +62,8 @@ class GatewayThread:
 
 
 @contextmanager
-def running_gateway(data: dict[str, Any]) -> Iterator[GatewayThread]:
-    gw = GatewayThread(data).start()
+def running_gateway(data: dict[str, Any], platform: Platform = "nvidia_gpu") -> Iterator[GatewayThread]:
+    gw = GatewayThread(data, platform).start()
     try:
         yield gw
     finally:

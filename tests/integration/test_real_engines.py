@@ -25,6 +25,15 @@ def gateway(llamacpp_server: Any, vllm_server: Any) -> Iterator[GatewayThread]:
         "pools": {
             "llamacpp": {"engine": "llamacpp", "backends": [{"url": llamacpp_server.base_url, "model": "tiny"}]},
             "vllm": {"engine": "vllm", "backends": [{"url": vllm_server.base_url, "model": "tiny"}]},
+            # The same engines, their windows not discovered: the raw routes' prompts reach the engine.
+            "llamacpp-raw": {
+                "engine": "llamacpp",
+                "backends": [{"url": llamacpp_server.base_url, "model": "tiny", "discover_models": False}],
+            },
+            "vllm-raw": {
+                "engine": "vllm",
+                "backends": [{"url": vllm_server.base_url, "model": "tiny", "discover_models": False}],
+            },
         },
         "routes": [
             {
@@ -47,8 +56,8 @@ def gateway(llamacpp_server: Any, vllm_server: Any) -> Iterator[GatewayThread]:
                 "pools": ["vllm"],
                 "caps": {"max_context_tokens": 256, "on_exceed": "truncate_oldest", "default_max_tokens": 8},
             },
-            {"model": "llama-raw", "pools": ["llamacpp"]},
-            {"model": "vllm-raw", "pools": ["vllm"]},
+            {"model": "llama-raw", "pools": ["llamacpp-raw"]},
+            {"model": "vllm-raw", "pools": ["vllm-raw"]},
         ],
     }
     with running_gateway(data) as gw:

@@ -36,11 +36,14 @@ def gateway(sglang_server: Any) -> Iterator[GatewayThread]:
         "health": {"interval_s": 2, "scrape_interval_s": 1},
         "pools": {
             "sglang": {"engine": "sglang", "backends": [{"url": sglang_server.base_url, "model": "tiny"}]},
+            # The same engine, its window not discovered: the raw route's prompts reach SGLang.
+            "sglang-raw": {"engine": "sglang",
+                           "backends": [{"url": sglang_server.base_url, "model": "tiny", "discover_models": False}]},
         },
         "routes": [
             {"model": "sglang", "pools": ["sglang"],
              "caps": {"max_context_tokens": sglang_server.max_context, "default_max_tokens": 16}},
-            {"model": "sglang-raw", "pools": ["sglang"]},  # no cap: SGLang's own errors come through
+            {"model": "sglang-raw", "pools": ["sglang-raw"]},  # no cap: SGLang's own errors come through
         ],
     }  # fmt: skip
     with running_gateway(data) as gw:

@@ -11,9 +11,12 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 pytestmark = pytest.mark.live
 
@@ -100,3 +103,74 @@ def test_a_second_ctrl_c_exits_quietly_and_tells_the_stream() -> None:
     last = json.loads(lines[-1].removeprefix("data: "))
     assert last["error"]["code"] == "shutdown", lines[-3:]
     assert "gateway is shutting down" in last["error"]["message"]
+
+
+SIM = (sys.executable, "-m", "gateway.cli", "sim")
+
+
+def test_serve_prints_each_model_and_where_it_routes(tmp_path: Path) -> None:
+    """`gateway serve` with the shipped gateway.yaml (its URLs pointed at two simulators: simulated
+    engines, not real ones) prints, after its first health round, one line per model it found."""
+    ports = {"vllm": free_port(), "llamacpp": free_port(), "sglang": free_port()}  # sglang: nothing there
+    sims = [
+        subprocess.Popen(
+            [
+                *SIM,
+                "--flavour",
+                flavour,
+                "--port",
+                str(ports[flavour]),
+                "--model",
+                model,
+                "--context-limit",
+                str(limit),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for flavour, model, limit in (("vllm", "Qwen/Qwen3-0.6B", 1024), ("llamacpp", "/models/tiny.gguf", 512))
+    ]
+    data = yaml.safe_load(Path("gateway.yaml").read_text())
+    for name, pool in data["pools"].items():
+        pool["backends"][0]["url"] = f"http://127.0.0.1:{ports[name]}"
+    config = tmp_path / "gateway.yaml"
+    config.write_text(yaml.safe_dump(data, sort_keys=False))
+    port = free_port()
+    proc: subprocess.Popen[str] | None = None
+    try:
+        for p in ports["vllm"], ports["llamacpp"]:
+            deadline = time.monotonic() + 30
+            while not _answers(f"http://127.0.0.1:{p}/health"):
+                assert time.monotonic() < deadline, "the simulator did not start"
+                time.sleep(0.05)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config), "--port", str(port)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        assert proc.stdout is not None
+        lines: list[str] = []
+        for line in proc.stdout:
+            lines.append(line)
+            if "any other name" in line:
+                break
+    finally:
+        children: list[subprocess.Popen[Any]] = [*sims, *([proc] if proc else [])]
+        for child in children:
+            child.send_signal(signal.SIGTERM)
+            child.wait(timeout=30)
+        if proc is not None and proc.stdout is not None:
+            proc.stdout.close()
+    models = [line.split(" model ", 1)[1].strip() for line in lines if " model " in line]
+    assert models[0] == "Qwen/Qwen3-0.6B -> pool vllm (rule default, route default), window 1024 tokens"
+    assert models[1].startswith("/models/tiny.gguf -> pool llamacpp (rule ") and models[1].endswith("window 512 tokens")
+    assert models[2].startswith("any other name ('*') -> pool ")
+    assert len(models) == 3
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.TransportError:
+        return False

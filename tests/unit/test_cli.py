@@ -52,7 +52,12 @@ def test_sim_listens_where_the_shipped_config_looks_for_its_engine(monkeypatch: 
 
 def test_plan_pushes_the_cap_into_each_engine(capsys: pytest.CaptureFixture[str]) -> None:
     cfg = ROOT / "tests/fixtures/hf_configs/Meta-Llama-3-8B/config.json"
-    assert main(["plan", "--config", str(ROOT / "gateway.yaml"), "--model-config", str(cfg), "--parallel", "4"]) == 0
+    assert (
+        main(
+            ["plan", "--offline", "--config", str(ROOT / "gateway.yaml"), "--model-config", str(cfg), "--parallel", "4"]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "--max-model-len 65536" in out  # vLLM
     assert "--context-length 65536" in out  # SGLang
@@ -68,14 +73,14 @@ def test_plan_pushes_the_cap_into_each_engine(capsys: pytest.CaptureFixture[str]
 def test_plan_within_the_window_does_not_warn(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cfg = ROOT / "tests/fixtures/hf_configs/Qwen2.5-7B/config.json"  # window 131072 > the cap of 65536
     assert json.loads(cfg.read_text())["max_position_embeddings"] > 65536
-    assert main(["plan", "--model-config", str(cfg)]) == 0
+    assert main(["plan", "--offline", "--model-config", str(cfg)]) == 0
     assert "WARNING" not in capsys.readouterr().out
 
 
 def test_plan_for_compose_names_the_model_and_binds_all_interfaces(capsys: pytest.CaptureFixture[str]) -> None:
     """Issue 10: not `vllm serve tiny --host vllm` (the served name as the model path, a DNS name
     as the bind address) but a model-path placeholder, the served name, and 0.0.0.0."""
-    assert main(["plan", "--config", str(ROOT / "deploy/compose/gateway.yaml")]) == 0
+    assert main(["plan", "--offline", "--config", str(ROOT / "deploy/compose/gateway.yaml")]) == 0
     out = capsys.readouterr().out
     assert "vllm serve '<MODEL_PATH>' --served-model-name tiny --host 0.0.0.0 --port 8000 --max-model-len" in out
     assert "--model-path '<MODEL_PATH>' --served-model-name tiny --host 0.0.0.0 --port 30000" in out

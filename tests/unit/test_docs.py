@@ -249,13 +249,28 @@ def test_subcommand_scan_reads_code_not_prose() -> None:
     assert mentioned_subcommands(text) == {"serve", "demo"}
 
 
+def python_snippets(text: str) -> list[str]:
+    """The README's Python snippets: the demo's, then "Use it with your engines"'s."""
+    snippets: list[str] = re.findall(r"^```python\n(.*?)^```", text, flags=re.M | re.S)
+    return snippets
+
+
+def test_readme_engine_snippet_names_a_model_the_gateway_lists() -> None:
+    """The engines' snippet names no model of its own: it takes one that the gateway's /v1/models
+    lists (tests/integration/test_real_model_routing.py runs it against real vLLM and llama.cpp)."""
+    _demo, engines = python_snippets(README.read_text(encoding="utf-8"))
+    assert "client.models.list()" in engines and 'model="' not in engines
+    assert 'base_url="http://127.0.0.1:4000/v1"' in engines  # the shipped gateway.yaml's port
+
+
 def test_readme_snippet_names_a_model_the_demo_lists() -> None:
     """The README's Python snippet runs against `gateway demo` as it stands: its model is one of the
     demo's exact route names, which are what /v1/models lists (tests/live/test_demo.py checks that)."""
     from gateway.tools.demo import demo_config
 
     text = README.read_text(encoding="utf-8")
-    (snippet,) = re.findall(r"^```python\n(.*?)^```", text, flags=re.M | re.S)
+    demo, _engines = python_snippets(text)
+    snippet = demo
     models = set(re.findall(r'model="([^"]+)"', snippet))
     listed = {r.model for r in demo_config({"vllm": 1, "sglang": 2, "llamacpp": 3}).routes if not r.is_glob}
     assert models and models <= listed, (models, listed)
