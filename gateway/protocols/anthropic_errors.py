@@ -4,6 +4,7 @@ message, from a GatewayError, or from an engine's own error body (which may be O
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from gateway.errors import GatewayError, NoHealthyBackend, Overloaded
@@ -43,13 +44,47 @@ def from_gateway_error(exc: GatewayError) -> tuple[int, dict[str, Any]]:
     status = exc.status_code
     if isinstance(exc, NoHealthyBackend):
         return status, {"type": "error", "error": {"type": "api_error", "message": exc.message}}
+    if exc.code == "context_length_exceeded":
+        return status, error_body(status, context_message(exc.message))
     return status, error_body(status, exc.message)
+
+
+_MAXIMUM = re.compile(r"maximum context length is (\d+) tokens")
+_PARTS = re.compile(r"\((\d+) in the messages, (\d+) in the completion\)")
+_PROMPT_ONLY = re.compile(r"messages resulted in (\d+) tokens")
+
+
+def context_message(message: str) -> str:
+    """A context error in Anthropic's own words, which Anthropic clients match on ("prompt is too
+    long: P tokens > N maximum", or "input length and `max_tokens` exceed context limit: P + C > N"),
+    followed by the OpenAI-worded message with its counts. Unchanged when the counts are unknown."""
+    maximum = _MAXIMUM.search(message)
+    if maximum is None:
+        return message
+    window = int(maximum.group(1))
+    parts = _PARTS.search(message)
+    if parts is not None:
+        prompt, completion = int(parts.group(1)), int(parts.group(2))
+    else:
+        alone = _PROMPT_ONLY.search(message)
+        if alone is None:
+            return message
+        prompt, completion = int(alone.group(1)), 0
+    if prompt > window or completion == 0:
+        head = f"prompt is too long: {prompt} tokens > {window} maximum"
+    else:
+        head = (
+            f"input length and `max_tokens` exceed context limit: {prompt} + {completion} > {window}, "
+            "decrease input length or `max_tokens` and try again"
+        )
+    return f"{head}. {message}"
 
 
 def from_engine_error(status: int, raw: bytes) -> dict[str, Any]:
     """An engine's error body, whatever its shape, as Anthropic's: the type from the status (vLLM
     says "BadRequestError", llama.cpp answers OpenAI-shaped), the message kept."""
-    return error_body(status, _engine_message(raw) or f"The backend answered with status {status}.")
+    message = _engine_message(raw)
+    return error_body(status, context_message(message) if message else f"The backend answered with status {status}.")
 
 
 def _engine_message(raw: bytes) -> str | None:

@@ -11,6 +11,7 @@ from engines.adapters import ADAPTERS
 from gateway.config import LimitsConfig
 from gateway.errors import ContextLengthExceeded, InvalidRequest, NoHealthyBackend, Overloaded, RateLimited
 from gateway.pipeline.edits import NO_EDITS, Edits
+from gateway.protocols.anthropic_errors import from_engine_error, from_gateway_error
 from gateway.protocols.messages import COUNT_TOKENS, MESSAGES
 
 LIMITS = LimitsConfig()
@@ -111,3 +112,39 @@ def test_an_engines_own_length_field_is_capped_too() -> None:
     assert inbound.max_tokens == 5000  # the cap sees the largest
     sent = json.loads(MESSAGES.encode(inbound, Edits(max_tokens=4), None, MESSAGES.target(inbound, "llamacpp")))
     assert (sent["max_tokens"], sent["n_predict"]) == (4, 4)
+
+
+@pytest.mark.parametrize(
+    ("message", "head"),
+    [
+        (
+            "This model's maximum context length is 1024 tokens. However, you requested 1300 tokens "
+            "(1200 in the messages, 100 in the completion).",
+            "prompt is too long: 1200 tokens > 1024 maximum",
+        ),
+        (
+            "This model's maximum context length is 1024 tokens. However, you requested 1100 tokens "
+            "(1000 in the messages, 100 in the completion).",
+            "input length and `max_tokens` exceed context limit: 1000 + 100 > 1024",
+        ),
+        (
+            "This model's maximum context length is 1024 tokens. However, your messages resulted in 2000 tokens.",
+            "prompt is too long: 2000 tokens > 1024 maximum",
+        ),
+    ],
+)
+def test_context_errors_use_anthropics_words_and_keep_the_counts(message: str, head: str) -> None:
+    """Anthropic clients recognise an over-long prompt by Anthropic's own phrases ("prompt is too
+    long: N tokens > M maximum"); the OpenAI-worded counts follow, for clients that read those."""
+    status, body = from_gateway_error(ContextLengthExceeded(message, param="messages"))
+    assert status == 400
+    assert body["error"]["type"] == "invalid_request_error"
+    assert body["error"]["message"].startswith(head)
+    assert body["error"]["message"].endswith(message)
+    engine = from_engine_error(400, json.dumps({"error": {"message": message}}).encode())
+    assert engine["error"]["message"].startswith(head)
+
+
+def test_a_context_error_without_counts_is_left_as_it_is() -> None:
+    status, body = from_gateway_error(ContextLengthExceeded("Too long for this route.", param="messages"))
+    assert (status, body["error"]["message"]) == (400, "Too long for this route.")
