@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeVar, cast
+from typing import Any, Literal, TypeVar, cast, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.utils import floatToGoString
@@ -19,7 +19,7 @@ _go: Callable[[float], str] = cast(Callable[[float], str], floatToGoString)  # t
 UNKNOWN = "__unknown__"
 NONE = "none"
 
-OUTCOMES = (
+Outcome = Literal[
     "success",
     "client_closed",
     "upstream_error_before_first_byte",
@@ -29,7 +29,10 @@ OUTCOMES = (
     "rejected_4xx",
     "overloaded",
     "internal_error",
-)
+]
+"""How a request ended: exactly one per request (the Exchange record's outcome, a metric label)."""
+
+OUTCOMES: tuple[str, ...] = get_args(Outcome)
 
 
 def log_buckets(low: float, high: float, per_decade: int) -> tuple[float, ...]:

@@ -9,19 +9,9 @@ from typing import Any, Literal
 
 from gateway.fleet.registry import Backend
 from gateway.metrics import NONE
+from gateway.metrics import Outcome as Outcome
 from gateway.protocols.base import Api, SseObserver
 
-Outcome = Literal[
-    "success",
-    "client_closed",
-    "upstream_error_before_first_byte",
-    "upstream_error_midstream",
-    "timeout_ttfb",
-    "timeout_idle",
-    "rejected_4xx",
-    "overloaded",
-    "internal_error",
-]
 """Exactly one per request (gateway_requests_total's outcome); internal_error is a gateway bug."""
 
 DisconnectStage = Literal["before_backend", "waiting_first_byte", "mid_stream", "non_stream"]
