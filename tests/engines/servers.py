@@ -435,6 +435,7 @@ def start_sglang(
             "--skip-server-warmup",
             "--enable-metrics",
             "--enable-cache-report",
+            "--sleep-on-idle",  # else its scheduler spins a whole core while idle, starving the other engines
             *extra_args,
         ]  # fmt: skip
 

@@ -52,7 +52,18 @@ class GatewayThread:
         gw: Gateway = app.state.gateway
         return gw
 
+    def settle(self, timeout: float = 5.0) -> None:
+        """Wait until no request is being handled: the endpoint accounts a request (its metrics, the
+        access log) in its `finally`, just after the client has the last byte, so a test that reads a
+        metric right after a response would otherwise race the gateway's own thread."""
+        tasks = self.server.server_state.tasks
+        deadline = time.monotonic() + timeout
+        while any(not t.done() for t in list(tasks)) and time.monotonic() < deadline:
+            time.sleep(0.005)
+
     def metric(self, name: str, **labels: str) -> float:
+        """The sum of a metric's samples with these labels, once every request in flight is accounted."""
+        self.settle()
         total = 0.0
         for family in self.gateway.metrics.registry.collect():
             for s in family.samples:
