@@ -103,6 +103,7 @@ def _load(name: str, path: Path) -> ModuleType:
 # module names their conftests use, so that a test importing this file shares them).
 servers = _load("gateway_test_engine_servers", REPO / "tests" / "engines" / "servers.py")
 prometheus_server = _load("prometheus_server", REPO / "tests" / "prometheus" / "prometheus_server.py")
+isolate_engine = _load("gateway_bench_cpus", REPO / "benchmarks" / "cpus.py").isolate_engine
 
 TARGET_LATENCY = 0.02
 TARGET_TOKENS = 0.02
@@ -487,7 +488,7 @@ def dashboard_quantile(family: str, q: float, window: str) -> str:
     for e in prometheus_server.sources.dashboard_exprs(DASHBOARD):
         if e.expr.startswith("histogram_quantile(") and f"({family}_bucket" in e.expr:
             expr = prometheus_server.substitute(e.expr, window)
-            return re.sub(r"^histogram_quantile\(\s*[0-9.]+\s*,", f"histogram_quantile({q},", expr)
+            return re.sub(r"histogram_quantile\(\s*[0-9.]+\s*,", f"histogram_quantile({q},", expr)  # both halves
     raise LookupError(f"no dashboard quantile panel for {family}")
 
 
@@ -611,11 +612,13 @@ def run_level(
     time.sleep(settle_s)  # Prometheus scrapes the idle state at least twice
     t_before = time.time()
     gw0, vl0, vh0 = gateway_totals(gw.metrics_url), vllm_totals(vllm.metrics_url), scrape(vllm.metrics_url)
+    gh0 = scrape(gw.metrics_url)  # every bucket: the exact Δ quantile, beside rate()'s
     run = asyncio.run(run_clients(gw.url, concurrency, duration, max_requests, max_tokens, prompt_words))
     wait_engine_idle(vllm.metrics_url)
     time.sleep(settle_s)  # and the state after the last request
     t_after = time.time()
     gw1, vl1, vh1 = gateway_totals(gw.metrics_url), vllm_totals(vllm.metrics_url), scrape(vllm.metrics_url)
+    gh1 = scrape(gw.metrics_url)
 
     ok = [r for r in run.requests if r.status == 200 and r.ttft is not None]
     ttfts = [r.ttft for r in ok if r.ttft is not None]
@@ -689,7 +692,7 @@ def run_level(
     def vdelta(name: str) -> float:
         return vl1[name] - vl0[name]
 
-    for what, (_family, bounds, qs) in FAMILIES.items():
+    for what, (family, bounds, qs) in FAMILIES.items():
         values = client_values[what]
         engine = VLLM_FAMILIES.get(what)
         engine_mean = engine_quantiles = None
@@ -717,6 +720,8 @@ def run_level(
                     TARGET_LATENCY,
                     note=f"the client's own values through the gateway's buckets give {_num(through, _unit(what))} "
                     f"({_pct((gateway_q - through) / through)} from the gateway's): the rest is measurement. "
+                    f"The gateway's own buckets, their exact Δ between the level's two instants (no rate() "
+                    f"extrapolation), give {_num(scraped_quantile(q, family, gh0, gh1), _unit(what))}. "
                     + _resolution(q, values, _unit(what)),
                     vllm_target=False,
                 )
@@ -788,36 +793,6 @@ def _rate_diagnosis(prom: Any, run: ClientRun) -> str:
 
 
 # ---- the whole benchmark ------------------------------------------------------------------------
-
-
-def isolate_engine(pgid: int, nice: int = 10) -> set[int]:
-    """Move every thread of every process in group `pgid` (vLLM: API server, engine core, worker)
-    to CPU 0 at nice `nice`, and this process to the other CPUs; returns this process's CPUs before.
-
-    vLLM's CPU build keeps its cores busy while it decodes. Sharing them, the client and the gateway
-    get descheduled for tens to hundreds of milliseconds at a time (measured on a 2-vCPU VM: a
-    process that only sleeps 5 ms in a loop overslept by 33 ms at p90 and 700 ms at most while 16
-    streams ran), and that wait lands in their timings, the client's more than the gateway's. Giving
-    the engine its own core is the nearest thing to the usual deployment, where the engine has its
-    own machine. Processes started later from here (the gateway, Prometheus) inherit the rest."""
-    cpus = os.sched_getaffinity(0)
-    if len(cpus) < 2:
-        return cpus
-    engine_cpu = min(cpus)
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            if os.getpgid(int(proc.name)) != pgid:
-                continue
-            for task in (proc / "task").iterdir():
-                tid = int(task.name)
-                os.sched_setaffinity(tid, {engine_cpu})
-                os.setpriority(os.PRIO_PROCESS, tid, nice)
-        except OSError:
-            continue
-    os.sched_setaffinity(0, cpus - {engine_cpu})
-    return cpus
 
 
 @contextmanager

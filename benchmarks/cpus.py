@@ -1,0 +1,36 @@
+"""Give a CPU engine a core of its own, away from the client and the gateway that time it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def isolate_engine(pgid: int, nice: int = 10) -> set[int]:
+    """Move every thread of every process in group `pgid` (vLLM: API server, engine core, worker)
+    to CPU 0 at nice `nice`, and this process to the other CPUs; returns this process's CPUs before.
+
+    vLLM's CPU build keeps its cores busy while it decodes. Sharing them, the client and the gateway
+    get descheduled for tens to hundreds of milliseconds at a time (measured on a 2-vCPU VM: a
+    process that only sleeps 5 ms in a loop overslept by 33 ms at p90 and 700 ms at most while 16
+    streams ran), and that wait lands in their timings, the client's more than the gateway's. Giving
+    the engine its own core is the nearest thing to the usual deployment, where the engine has its
+    own machine. Processes started later from here (the gateway, Prometheus) inherit the rest."""
+    cpus = os.sched_getaffinity(0)
+    if len(cpus) < 2:
+        return cpus
+    engine_cpu = min(cpus)
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(proc.name)) != pgid:
+                continue
+            for task in (proc / "task").iterdir():
+                tid = int(task.name)
+                os.sched_setaffinity(tid, {engine_cpu})
+                os.setpriority(os.PRIO_PROCESS, tid, nice)
+        except OSError:
+            continue
+    os.sched_setaffinity(0, cpus - {engine_cpu})
+    return cpus
