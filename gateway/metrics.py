@@ -130,7 +130,8 @@ class GatewayMetrics:
         )
         self.itl = FineHistogram(
             "gateway_inter_token_latency_seconds",
-            "Gap between consecutive reads of content from the upstream, in one stream.",
+            "Gap between consecutive content events of one stream, as they arrive from the upstream "
+            "(events that arrive in one read are 0 s apart).",
             _FINE,
             buckets=_ITL_BUCKETS,
             registry=r,
@@ -276,9 +277,12 @@ class GatewayMetrics:
         return found
 
 
-def observe_many(child: Histogram, values: Sequence[float]) -> None:
-    """child.observe(v) for every value, at the cost of one lock per distinct bucket hit (plus one
-    for the sum) instead of two per value: the values are bucketed here first."""
+def observe_many(child: Histogram, values: Sequence[float], zeros: int = 0) -> None:
+    """child.observe(v) for every value, and `zeros` observations of 0.0, at the cost of one lock
+    per distinct bucket hit (plus one for the sum) instead of two per value: the values are
+    bucketed here first."""
+    if zeros:
+        child._buckets[0].inc(zeros)  # 0.0 is under every bound; it adds nothing to the sum
     if len(values) < 4:
         for v in values:
             child.observe(v)

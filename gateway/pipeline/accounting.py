@@ -72,8 +72,8 @@ class Accounting:
             m.child(m.prompt_tokens, *labels, "usage" if usage is not None else "estimated").inc(prompt)
         if obs is not None and obs.first_token_at is not None:
             m.child(m.ttft, *fine).observe(obs.first_token_at - ex.started)
-            if obs.gaps:
-                observe_many(m.child(m.itl, *fine), obs.gaps)
+            if obs.gaps or obs.together:
+                observe_many(m.child(m.itl, *fine), obs.gaps, zeros=obs.together)
             decode = (obs.last_token_at or obs.first_token_at) - obs.first_token_at
             if completion and completion > 1 and decode > 0:
                 # The first token belongs to prefill; decode speed counts the ones after it.

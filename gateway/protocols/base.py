@@ -69,6 +69,7 @@ class SseObserver(Protocol):
     first_token_at: float | None
     last_token_at: float | None
     gaps: list[float]
+    together: int  # content events that came in the same read as the one before them: 0 s apart
 
     def feed(self, chunk: bytes, now: float) -> bytes: ...
 

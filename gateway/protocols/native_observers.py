@@ -59,6 +59,7 @@ class NativeObserver:
         "first_token_at",
         "gaps",
         "last_token_at",
+        "together",
         "usage",
     )
 
@@ -74,6 +75,7 @@ class NativeObserver:
         self.first_token_at: float | None = None
         self.last_token_at: float | None = None
         self.gaps: list[float] = []
+        self.together = 0  # always: it sees one event at a time, so same-read events are 0.0 gaps
 
     @property
     def holding(self) -> bool:

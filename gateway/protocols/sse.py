@@ -54,6 +54,7 @@ class StreamObserver:
         "first_token_at",
         "gaps",
         "last_token_at",
+        "together",
         "usage",
     )
 
@@ -69,8 +70,11 @@ class StreamObserver:
         self.first_token_at: float | None = None
         self.last_token_at: float | None = None
         self.gaps: list[float] = []
-        """Time between consecutive reads that carried content. Events that arrive in one read
-        share its time, so there is no gap to measure between them."""
+        """Time between consecutive reads that carried content."""
+        self.together = 0
+        """Content events that arrived in the same read as the one before them: 0 s apart, as a
+        client that reads per event sees them (and vLLM's per-token histogram counts them). Kept as
+        a count, not as zeros in `gaps`: a fast stream can bring dozens of events in one read."""
 
     def feed(self, chunk: bytes, now: float) -> bytes:
         data = self._carry + chunk if self._carry else chunk
@@ -125,6 +129,7 @@ class StreamObserver:
                 self.gaps.append(now - self.last_token_at)
             self.last_token_at = now
             self.content_events += found
+            self.together += found - 1
         return drop
 
     def flush(self) -> bytes:

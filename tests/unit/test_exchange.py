@@ -44,6 +44,22 @@ def test_finish_records_one_outcome_and_both_lenses() -> None:
     assert get("gateway_time_to_first_token_seconds_sum", labels) is None
 
 
+def test_events_that_came_in_one_read_are_itl_gaps_of_zero() -> None:
+    m = GatewayMetrics()
+    ex = Exchange(request_id="r", api="chat", path="/v1/chat/completions", route="r1", pool="p", backend_name="b")
+    ex.sent_at = ex.started
+    obs = ex.observer = StreamObserver(strip_usage=False)
+    obs.first_token_at, obs.last_token_at, obs.gaps, obs.together = ex.started + 0.5, ex.started + 1.5, [1.0], 4
+    obs.usage = {"prompt_tokens": 10, "completion_tokens": 6}
+    ex.outcome = "success"
+    Accounting(m).finish(ex)
+    get = m.registry.get_sample_value
+    fine = {"route": "r1", "pool": "p", "api": "chat"}
+    assert get("gateway_inter_token_latency_seconds_count", fine) == 5  # one per token after the first
+    assert get("gateway_inter_token_latency_seconds_sum", fine) == pytest.approx(1.0)
+    assert get("gateway_inter_token_latency_seconds_bucket", {**fine, "le": "0.0005"}) == 4
+
+
 def test_no_usage_counts_content_chunks_as_estimated() -> None:
     m = GatewayMetrics()
     ex = Exchange(request_id="r", api="chat", path="/v1/chat/completions", route="r1", pool="p", backend_name="b")

@@ -46,9 +46,13 @@ def test_gaps_are_between_reads_that_carry_content() -> None:
     for i, part in enumerate((ROLE, chunk("a"), chunk("b"), chunk("c") + USAGE + DONE)):
         obs.feed(part, float(i))
     assert obs.first_token_at == 1.0 and obs.last_token_at == 3.0 and obs.gaps == [1.0, 1.0]
+    assert obs.together == 0
     together = StreamObserver(strip_usage=False)
-    together.feed(STREAM, 5.0)  # one read: no gap can be measured between its events
+    together.feed(STREAM, 5.0)  # one read of three content events: they came 0 s apart
     assert together.content_events == 3 and together.gaps == [] and together.first_token_at == 5.0
+    assert together.together == 2
+    together.feed(chunk("d") + chunk("e"), 7.0)  # one measured gap, then one more 0 s apart
+    assert together.gaps == [2.0] and together.together == 3 and together.content_events == 5
 
 
 def test_a_read_of_many_events_counts_only_content_events() -> None:
