@@ -6,7 +6,8 @@ generated models of tests/engines/setup.sh), one route each, the figures docs/be
 Starts llama-server (4 slots of 4,096 tokens) and vLLM (max_num_seqs 4, max_model_len 4096) on free
 ports, `gateway serve` in front of them (routes `tiny-llamacpp` and `tiny-vllm`), then runs
 `gateway bench --concurrency 1,2,4 --workload chat` against each route with the engine's /metrics,
-writing OUT/<route>/bench.{json,csv,png}. Everything is stopped at the end.
+writing OUT/<route>/bench.{json,csv,png}. Both engines run on CPU 0 (nice 10), the gateway and the bench on
+the other CPUs (benchmarks/cpus.py). Everything is stopped at the end.
 """
 
 from __future__ import annotations
