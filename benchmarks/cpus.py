@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.engines.servers import group_processes
 
 
 def isolate_engine(pgid: int, nice: int = 10) -> set[int]:
@@ -20,12 +25,8 @@ def isolate_engine(pgid: int, nice: int = 10) -> set[int]:
     if len(cpus) < 2:
         return cpus
     engine_cpu = min(cpus)
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
+    for proc in group_processes(pgid):
         try:
-            if os.getpgid(int(proc.name)) != pgid:
-                continue
             for task in (proc / "task").iterdir():
                 tid = int(task.name)
                 os.sched_setaffinity(tid, {engine_cpu})

@@ -24,7 +24,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -115,18 +115,26 @@ def _listening_inodes(port: int) -> set[str]:
     return inodes
 
 
+def group_processes(pgid: int) -> Iterator[Path]:
+    """The /proc directory of every live process in group ``pgid`` (an engine and its workers)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(proc.name)) == pgid:
+                yield proc
+        except OSError:
+            continue
+
+
 def _group_listens_on(pgid: int, port: int) -> bool | None:
     """Whether a process in group ``pgid`` holds the listening socket on ``port``; None if /proc can't
     tell (not Linux). Guards against a foreign server on the same port answering our /health."""
     inodes = _listening_inodes(port)
     if not inodes:
         return None
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
+    for proc in group_processes(pgid):
         try:
-            if os.getpgid(int(proc.name)) != pgid:
-                continue
             for fd in (proc / "fd").iterdir():
                 link = os.readlink(fd)
                 if link.startswith("socket:[") and link[8:-1] in inodes:
