@@ -16,7 +16,7 @@ from typing import Any
 
 from gateway.access.gate import AccessGate
 from gateway.access.keys import ClientKey
-from gateway.asgi import Receive, Scope, Send
+from gateway.asgi import ARRIVED, Receive, Scope, Send
 from gateway.config import GatewayConfig, RouteConfig
 from gateway.errors import (
     GatewayError,
@@ -106,6 +106,9 @@ class CompletionEndpoint:
         protocol = self.protocol
         headers = _headers(scope)
         ex = Exchange(request_id=self._request_id(headers.get("x-request-id")), api=protocol.api, path=self.path)
+        arrived = scope.get(ARRIVED)  # set by serving/protocol.py; absent under another server
+        if arrived is not None:
+            ex.started = arrived
         task = asyncio.current_task()
         assert task is not None
         ending = RequestEnd(task)

@@ -1,14 +1,17 @@
 """The HTTP protocol under uvicorn: its httptools protocol plus a deadline for receiving a whole
 request (headers and body), so that a slowloris client (a header byte every few seconds) cannot
 hold a connection for ever, and bounds on the request head (its bytes and its header count),
-which uvicorn sets for h11 but not for httptools."""
+which uvicorn sets for h11 but not for httptools. It also stamps each request's arrival in its
+scope (`ARRIVED`), where the endpoint starts the request's clock."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from gateway.asgi import ARRIVED
 from gateway.errors import HeaderTooLarge
 
 
@@ -59,6 +62,9 @@ def protocol_class(
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
+            # The request's arrival, for its clock (TTFT, duration): its first byte parsed, not the
+            # moment its task first runs, which under load waits behind other streams' relays.
+            self.scope[ARRIVED] = time.perf_counter()  # type: ignore[literal-required]
             self._header_count = 0
             # The next request on a kept-alive connection. Its deadline is armed at the end of the
             # read only if it is still incomplete there: most requests arrive in one read, and a
