@@ -4,6 +4,8 @@ socket) in front of real engines, for the synchronous integration tests."""
 from __future__ import annotations
 
 import asyncio
+import json
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -116,7 +118,7 @@ def idle_within(predicate: Any, timeout: float, interval: float = 0.02) -> float
         time.sleep(interval)
 
 
-def vllm_stops_when_left(gw: GatewayThread, metrics_url: str, leave: Callable[[], None], max_tokens: int) -> None:
+def vllm_stops_when_left(gw: GatewayThread, metrics_url: str, leave: Callable[[], object], max_tokens: int) -> None:
     """Leave a long vLLM stream through the gateway and prove the engine stopped: its token counter
     ends short of `max_tokens` and stays put for a second, and the gateway counted a mid-stream
     disconnect. (vLLM answers /metrics only after the stream it is serving, so "still busy when the
@@ -150,3 +152,38 @@ def vllm_stops_when_left(gw: GatewayThread, metrics_url: str, leave: Callable[[]
 
 
 _LEAVE_TRIES = 4
+
+
+def leave_mid_stream(
+    gw: GatewayThread,
+    path: str,
+    body: dict[str, Any],
+    marker: bytes,
+    engine_busy: Callable[[], bool] | None = None,
+    headers: str = "",
+) -> bytes:
+    """POST a streamed `body` to `path` on a raw socket, read until `marker` (one per content event)
+    has come three times, check `engine_busy()` (polled gently for up to 5 s: an engine's running
+    gauge can lag its first tokens, and a big /metrics fetched hundreds of times a second starves a
+    small machine), then vanish. Returns what was read."""
+    host, port = gw.base_url.removeprefix("http://").split(":")
+    raw = json.dumps(body).encode()
+    head = f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n{headers}"
+    started = time.monotonic()
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(f"{head}content-length: {len(raw)}\r\n\r\n".encode() + raw)
+        got = b""
+        while got.count(marker) < 3:
+            chunk = sock.recv(4096)
+            assert chunk, got
+            got += chunk
+        if engine_busy is not None:
+            first = time.monotonic() - started
+            try:
+                wait_for(engine_busy, timeout=5.0, interval=0.1)
+            except TimeoutError:
+                raise AssertionError(
+                    f"the engine never showed the request running (3 events after {first:.2f} s); it may "
+                    "have finished before the client left, and then the test proves nothing"
+                ) from None
+    return got

@@ -4,8 +4,6 @@ caps before the engine, engines' own errors normalised, and disconnects that fre
 
 from __future__ import annotations
 
-import json
-import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,6 +15,7 @@ from tests.integration.gateway_harness import (
     GatewayThread,
     engine_metric,
     idle_within,
+    leave_mid_stream,
     running_gateway,
     vllm_stops_when_left,
     wait_for,
@@ -214,30 +213,13 @@ def test_truncate_oldest_fits_and_keeps_the_system_prompt(client: openai.OpenAI,
     assert reply.usage is not None and reply.usage.prompt_tokens + 4 <= 256
 
 
-def stream_then_leave(gateway: GatewayThread, model: str, max_tokens: int, engine_busy: Any) -> None:
-    """Start a long stream through the gateway, check the engine is working on it, then vanish."""
-    host, port = gateway.base_url.removeprefix("http://").split(":")
-    body = json.dumps(
-        {
-            "model": model,
-            "stream": True,
-            "max_tokens": max_tokens,
-            "ignore_eos": True,
-            "messages": [{"role": "user", "content": "go on"}],
-        }
-    ).encode()
-    with socket.create_connection((host, int(port))) as sock:
-        sock.sendall(
-            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-            + f"content-length: {len(body)}\r\n\r\n".encode()
-            + body
-        )
-        got = b""
-        while got.count(b"data: ") < 3:
-            chunk = sock.recv(4096)
-            assert chunk
-            got += chunk
-        assert engine_busy(), "the engine finished before the client left; the test proves nothing"
+def stream_then_leave(gw: GatewayThread, model: str, max_tokens: int, engine_busy: Any) -> None:
+    """Start a long chat stream through the gateway, check the engine is working on it, then vanish."""
+    body = {"model": model, "stream": True, "max_tokens": max_tokens, "ignore_eos": True, "messages": GO_ON}
+    leave_mid_stream(gw, "/v1/chat/completions", body, b"data: ", engine_busy)
+
+
+GO_ON = [{"role": "user", "content": "go on"}]
 
 
 def test_disconnect_frees_the_llamacpp_slot(gateway: GatewayThread, engine_launcher: Any) -> None:

@@ -6,8 +6,6 @@ a client leaving a Messages stream frees the engine."""
 
 from __future__ import annotations
 
-import json
-import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +17,7 @@ from anthropic.types import MessageParam
 from tests.integration.gateway_harness import (
     GatewayThread,
     idle_within,
+    leave_mid_stream,
     running_gateway,
     vllm_stops_when_left,
     wait_for,
@@ -129,26 +128,14 @@ def test_auth_by_x_api_key(gateway: GatewayThread) -> None:
     assert isinstance(missing.value.body, dict) and missing.value.body["error"]["type"] == "not_found_error"
 
 
+GO_ON = [{"role": "user", "content": "go on"}]
+
+
 def stream_then_leave(gw: GatewayThread, model: str, max_tokens: int, extra: dict[str, Any], busy: Any) -> None:
     """Start a long Messages stream through the gateway, read a few events, then vanish."""
-    host, port = gw.base_url.removeprefix("http://").split(":")
-    body = json.dumps(
-        {"model": model, "stream": True, "max_tokens": max_tokens, "messages": [{"role": "user", "content": "go on"}]}
-        | extra
-    ).encode()
-    with socket.create_connection((host, int(port))) as sock:
-        sock.sendall(
-            b"POST /v1/messages HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-            + f"x-api-key: {KEY}\r\ncontent-length: {len(body)}\r\n\r\n".encode()
-            + body
-        )
-        got = b""
-        while got.count(b"content_block_delta") < 3:
-            chunk = sock.recv(4096)
-            assert chunk, got
-            got += chunk
-        assert b"event: message_start" in got and b"message_stop" not in got
-        assert busy(), "the engine finished before the client left; the test proves nothing"
+    body = {"model": model, "stream": True, "max_tokens": max_tokens, "messages": GO_ON}
+    got = leave_mid_stream(gw, "/v1/messages", body | extra, b"content_block_delta", busy, f"x-api-key: {KEY}\r\n")
+    assert b"event: message_start" in got and b"message_stop" not in got
 
 
 def test_leaving_a_messages_stream_frees_the_llamacpp_slot(engine_launcher: Any) -> None:

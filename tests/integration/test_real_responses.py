@@ -7,8 +7,6 @@ second vLLM does not fit beside the other helpers' engines on this machine."""
 from __future__ import annotations
 
 import asyncio
-import json
-import socket
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -22,6 +20,7 @@ from tests.integration.conftest import _require_engine, servers
 from tests.integration.gateway_harness import (
     GatewayThread,
     idle_within,
+    leave_mid_stream,
     running_gateway,
     vllm_stops_when_left,
     wait_for,
@@ -158,6 +157,9 @@ def test_previous_response_id_across_two_backends(client: openai.OpenAI, sim: Si
     assert sim_previous.count(homes["sim-vllm"]) == 2 and homes["real-vllm"] not in sim_previous
 
 
+DELTA = b"response.output_text.delta"
+
+
 def test_leaving_a_responses_stream_frees_vllm(engine_launcher: Any) -> None:
     server = engine_launcher("vllm", max_model_len=4096, max_num_seqs=2)
     data = {
@@ -166,7 +168,7 @@ def test_leaving_a_responses_stream_frees_vllm(engine_launcher: Any) -> None:
     }
     with running_gateway(data) as gw:
         body = {"model": "long", "input": "go on", "max_output_tokens": 4000, "stream": True, "ignore_eos": True}
-        vllm_stops_when_left(gw, server.metrics_url, lambda: leave_mid_stream(gw, body), 4000)
+        vllm_stops_when_left(gw, server.metrics_url, lambda: leave_mid_stream(gw, "/v1/responses", body, DELTA), 4000)
 
 
 def test_leaving_a_translated_responses_stream_frees_the_llamacpp_slot(engine_launcher: Any) -> None:
@@ -180,27 +182,15 @@ def test_leaving_a_translated_responses_stream_frees_the_llamacpp_slot(engine_la
         return any(s.get("is_processing") for s in httpx.get(server.base_url + "/slots", timeout=5).json())
 
     with running_gateway(data) as gw:
-        leave_mid_stream(gw, {"model": "big", "input": "go on", "max_output_tokens": 8000, "stream": True}, busy)
+        leave_mid_stream(
+            gw,
+            "/v1/responses",
+            {"model": "big", "input": "go on", "max_output_tokens": 8000, "stream": True},
+            DELTA,
+            busy,
+        )
         assert idle_within(lambda: not busy(), timeout=10) < 1.0
         wait_for(lambda: gw.metric("gateway_client_disconnects_total", stage="mid_stream") >= 1, 5)
-
-
-def leave_mid_stream(gateway: GatewayThread, body: dict[str, Any], engine_busy: Any = None) -> None:
-    host, port = gateway.base_url.removeprefix("http://").split(":")
-    raw = json.dumps(body).encode()
-    with socket.create_connection((host, int(port))) as sock:
-        sock.sendall(
-            b"POST /v1/responses HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-            + f"content-length: {len(raw)}\r\n\r\n".encode()
-            + raw
-        )
-        got = b""
-        while got.count(b"response.output_text.delta") < 3:
-            chunk = sock.recv(4096)
-            assert chunk
-            got += chunk
-        if engine_busy is not None:
-            assert engine_busy(), "the engine finished before the client left; the test proves nothing"
 
 
 @pytest.mark.parametrize("model", ["vllm", "llama"])

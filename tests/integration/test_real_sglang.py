@@ -9,9 +9,6 @@ run, loudly, and fails them under CI=true (docs/testing.md, "The SGLang tier")."
 
 from __future__ import annotations
 
-import json
-import socket
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -19,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from tests.integration.gateway_harness import GatewayThread, engine_metric, running_gateway, wait_for
+from tests.integration.gateway_harness import GatewayThread, engine_metric, leave_mid_stream, running_gateway, wait_for
 
 IGNORE_EOS = {"ignore_eos": True}  # random weights: never stop early, so "length" is deterministic
 TOO_LONG = "word " * 3000  # about 9000 tokens with the tiny tokenizer: over the 4096 context
@@ -188,31 +185,9 @@ def test_gateway_reads_sglang_load(gateway: GatewayThread) -> None:
 
 def _stream_then_leave(gateway: GatewayThread, model: str, max_tokens: int, engine_busy: Callable[[], bool]) -> None:
     """Start a long stream through the gateway, wait until the engine reports it running, then vanish."""
-    host, port = gateway.base_url.removeprefix("http://").split(":")
-    body = json.dumps({"model": model, "stream": True, "max_tokens": max_tokens, "ignore_eos": True,
-                       "messages": [{"role": "user", "content": "go on"}]}).encode()  # fmt: skip
-    start = time.monotonic()
-    with socket.create_connection((host, int(port))) as sock:
-        sock.sendall(
-            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-            + f"content-length: {len(body)}\r\n\r\n".encode()
-            + body
-        )
-        got = b""
-        while got.count(b"data: ") < 3:
-            chunk = sock.recv(4096)
-            assert chunk
-            got += chunk
-        # SGLang's running gauge can lag the first tokens; poll gently: /metrics is ~80 KB, and fetching
-        # it hundreds of times a second starves the engine on a small machine.
-        first_events = time.monotonic() - start
-        try:
-            wait_for(engine_busy, timeout=5.0, interval=0.1)
-        except TimeoutError:
-            raise AssertionError(
-                f"the engine never showed the request running (first 3 events after {first_events:.2f} s); "
-                "it may have finished before the client left, and then the test proves nothing"
-            ) from None
+    body = {"model": model, "stream": True, "max_tokens": max_tokens, "ignore_eos": True,
+            "messages": [{"role": "user", "content": "go on"}]}  # fmt: skip
+    leave_mid_stream(gateway, "/v1/chat/completions", body, b"data: ", engine_busy)
 
 
 def test_disconnect_frees_the_sglang_request(gateway: GatewayThread, sglang_server: Any) -> None:
