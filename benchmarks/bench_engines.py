@@ -57,8 +57,7 @@ def main() -> int:
         # Both engines on CPU 0 (nice 10), the gateway and the bench on the rest: a CPU engine keeps
         # its cores busy while it decodes, and a client scheduled late times the engine's CPU, not
         # the answer (docs/bench.md, "Accuracy").
-        for engine in (llama, vllm):
-            isolate_engine(engine.pid)
+        isolate_engine(llama.pid, vllm.pid)
         config = {
             "pools": {
                 "vllm": {"engine": "vllm", "backends": [{"url": vllm.base_url, "name": "vllm-0", "model": "tiny"}]},

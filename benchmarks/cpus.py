@@ -11,9 +11,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.engines.servers import group_processes
 
 
-def isolate_engine(pgid: int, nice: int = 10) -> set[int]:
-    """Move every thread of every process in group `pgid` (vLLM: API server, engine core, worker)
-    to CPU 0 at nice `nice`, and this process to the other CPUs; returns this process's CPUs before.
+def isolate_engine(*pgids: int, nice: int = 10) -> set[int]:
+    """Move every thread of every process in each group of `pgids` (vLLM: API server, engine core,
+    worker) to this process's first CPU at nice `nice`, and this process to its other CPUs; returns
+    this process's CPUs before. All the engines in one call: a second call would find this process
+    on the other CPUs already and put its engine there.
 
     vLLM's CPU build keeps its cores busy while it decodes. Sharing them, the client and the gateway
     get descheduled for tens to hundreds of milliseconds at a time (measured on a 2-vCPU VM: a
@@ -25,7 +27,7 @@ def isolate_engine(pgid: int, nice: int = 10) -> set[int]:
     if len(cpus) < 2:
         return cpus
     engine_cpu = min(cpus)
-    for proc in group_processes(pgid):
+    for proc in (p for pgid in pgids for p in group_processes(pgid)):
         try:
             for task in (proc / "task").iterdir():
                 tid = int(task.name)

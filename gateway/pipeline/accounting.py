@@ -31,7 +31,7 @@ class Accounting:
     def sent(self, ex: Exchange) -> None:
         """The first attempt leaves: the gateway's own overhead ends here."""
         ex.sent_at = time.perf_counter()
-        self._m.child(self._m.overhead, ex.route).observe(ex.sent_at - ex.started)
+        self._m.child(self._m.overhead, ex.route).observe(ex.sent_at - ex.entered)
 
     def count_streamed(self, ex: Exchange, content_events: int) -> None:
         """Add the content chunks relayed since the last call to the output-token counter, so that

@@ -23,6 +23,11 @@ class Exchange:
     api: Api
     path: str
     started: float = field(default_factory=time.perf_counter)
+    """When the request arrived: its first byte, where the server stamped it, else the handler's start.
+    TTFT and the duration run from here, as the client's clock does."""
+    entered: float = field(default_factory=time.perf_counter)
+    """When the handler began; the gateway's own overhead (to the upstream send) runs from here, so a
+    slow upload or a wait behind a pipelined request is not counted as the gateway's work."""
     route: str = "__unknown__"
     model: str | None = None
     """The client's model name, for the access log (never a metric label)."""

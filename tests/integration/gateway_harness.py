@@ -61,7 +61,9 @@ class GatewayThread:
         metric right after a response would otherwise race the gateway's own thread."""
         tasks = self.server.server_state.tasks
         deadline = time.monotonic() + timeout
-        while any(not t.done() for t in list(tasks)) and time.monotonic() < deadline:
+        while any(not t.done() for t in list(tasks)):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"a request was still being handled after {timeout} s")
             time.sleep(0.005)
 
     def metric(self, name: str, **labels: str) -> float:
@@ -118,11 +120,14 @@ def idle_within(predicate: Any, timeout: float, interval: float = 0.02) -> float
         time.sleep(interval)
 
 
-def vllm_stops_when_left(gw: GatewayThread, metrics_url: str, leave: Callable[[], object], max_tokens: int) -> None:
+def vllm_stops_when_left(
+    gw: GatewayThread, metrics_url: str, leave: Callable[[], object], max_tokens: int, **labels: str
+) -> None:
     """Leave a long vLLM stream through the gateway and prove the engine stopped: its token counter
     ends short of `max_tokens` and stays put for a second, and the gateway counted a mid-stream
-    disconnect. (vLLM answers /metrics only after the stream it is serving, so "still busy when the
-    client left" cannot be asked directly.)
+    disconnect (with `labels`, e.g. api="messages"), and the engine went idle within a second of the
+    client leaving. (vLLM answers /metrics only after the stream it is serving, so "still busy when
+    the client left" cannot be asked directly.)
 
     Now and then vLLM's API server on a CPU hands over a whole stream only after its engine has
     finished it (measured here: about one fresh server in six, more on a busy machine); a client
@@ -137,14 +142,16 @@ def vllm_stops_when_left(gw: GatewayThread, metrics_url: str, leave: Callable[[]
 
     whole = 0
     for _ in range(_LEAVE_TRIES):
-        before, left_before = generated(), gw.metric("gateway_client_disconnects_total", stage="mid_stream")
+        before = generated()
+        left_before = gw.metric("gateway_client_disconnects_total", stage="mid_stream", **labels)
         leave()
-        assert idle_within(lambda: running() == 0, timeout=15) < 15
+        took = idle_within(lambda: running() == 0, timeout=15)
         settled = generated()
         if settled - before >= max_tokens:  # the engine finished before the client could leave
             whole += 1
             continue
-        assert gw.metric("gateway_client_disconnects_total", stage="mid_stream") == left_before + 1
+        assert took < 1.0, f"vLLM was still running {took:.2f} s after the client left"
+        assert gw.metric("gateway_client_disconnects_total", stage="mid_stream", **labels) == left_before + 1
         with pytest.raises(TimeoutError):  # and over the next second nothing more is generated for it
             wait_for(lambda end=settled: generated() != end, timeout=1.0)
         return

@@ -167,4 +167,4 @@ def test_leaving_a_messages_stream_frees_the_vllm_request(engine_launcher: Any) 
     }
     with running_gateway(data) as gw:
         leave = lambda: stream_then_leave(gw, "long", 4000, {"temperature": 0}, lambda: True)  # noqa: E731
-        vllm_stops_when_left(gw, server.metrics_url, leave, 4000)
+        vllm_stops_when_left(gw, server.metrics_url, leave, 4000, api="messages")

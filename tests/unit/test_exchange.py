@@ -55,7 +55,7 @@ def test_events_that_came_in_one_read_are_itl_gaps_of_zero() -> None:
     Accounting(m).finish(ex)
     get = m.registry.get_sample_value
     fine = {"route": "r1", "pool": "p", "api": "chat"}
-    assert get("gateway_inter_token_latency_seconds_count", fine) == 5  # one per token after the first
+    assert get("gateway_inter_token_latency_seconds_count", fine) == 5  # one per content event after the first
     assert get("gateway_inter_token_latency_seconds_sum", fine) == pytest.approx(1.0)
     assert get("gateway_inter_token_latency_seconds_bucket", {**fine, "le": "0.0005"}) == 4
 
