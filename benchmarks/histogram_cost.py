@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from gateway import metrics  # noqa: E402
-from gateway.config import parse_config  # noqa: E402
+from gateway.config_loader import parse_config  # noqa: E402
 
 # The layout before issue 16, for comparison.
 COARSE = {

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from gateway.bench import command as bench_command
-from gateway.config import ConfigError, GatewayConfig, load_config
+from gateway.config import GatewayConfig
+from gateway.config_loader import ConfigError, load_config
 from gateway.tools import kvcommand
 
 DEFAULT_CONFIG = "gateway.yaml"

@@ -144,7 +144,7 @@ async def _one(app: Any, path: str, body: bytes, never: asyncio.Event) -> int:
 
 async def _main(args: argparse.Namespace) -> None:
     from gateway.app import create_app
-    from gateway.config import load_config
+    from gateway.config_loader import load_config
 
     _install(bodies.completion(), bodies.stream(200))
     routes = "".join(configs.ROUTE.format(model=m, pool=p) for m, p in (("json", "json"), ("sse", "sse")))

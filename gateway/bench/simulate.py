@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engines.sim.server import SimParams, SimServer
-from gateway.config import parse_config
+from gateway.config_loader import parse_config
 from gateway.serving.server import start
 
 MODEL = "tiny"

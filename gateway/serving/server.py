@@ -21,7 +21,8 @@ import uvicorn
 
 from gateway import accesslog
 from gateway.app import Gateway, GatewayApp, create_app
-from gateway.config import ConfigError, GatewayConfig, load_config
+from gateway.config import GatewayConfig
+from gateway.config_loader import ConfigError, load_config
 from gateway.policy.rules import Platform
 from gateway.serving.banner import model_lines
 from gateway.serving.protocol import protocol_class

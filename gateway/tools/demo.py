@@ -10,7 +10,8 @@ import json
 from typing import Any
 
 from engines.sim.server import SimParams, SimServer
-from gateway.config import GatewayConfig, parse_config
+from gateway.config import GatewayConfig
+from gateway.config_loader import parse_config
 from gateway.serving.server import serve
 
 FLAVOURS = ("vllm", "sglang", "llamacpp")

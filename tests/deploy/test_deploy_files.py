@@ -200,7 +200,7 @@ def test_dockerfile() -> None:
 
 @pytest.mark.parametrize("path", [COMPOSE_DIR / "gateway.yaml", K8S_DIR / "gateway.yaml"], ids=_rel)
 def test_shipped_gateway_configs_validate(path: Path) -> None:
-    config = pytest.importorskip("gateway.config")
+    config = pytest.importorskip("gateway.config_loader")
     loaded = config.load_config(path, env={})
     assert {r.label for r in loaded.routes} == {"chat", "small"}
 

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from gateway.app import Gateway
-from gateway.config import parse_config
+from gateway.config_loader import parse_config
 from gateway.policy.rules import Platform
 from gateway.serving.server import GatewayServer, uvicorn_config
 

@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from engines.sim.server import SimServer
-from gateway.config import parse_config
+from gateway.config_loader import parse_config
 from gateway.serving.server import Running, start
 from tests.live.conftest import chat, sim_params
 

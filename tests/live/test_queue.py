@@ -46,7 +46,7 @@ async def test_backends_discovered_through_dns(make_stack: StackFactory) -> None
     Services). `localhost` resolves to 127.0.0.1 here, where the simulated engine listens."""
     stack = await make_stack()
     sim = stack.sims["vllm-0"]
-    from gateway.config import parse_config
+    from gateway.config_loader import parse_config
     from gateway.serving.server import start
 
     config = parse_config(

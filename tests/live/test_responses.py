@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from gateway.app import GatewayApp
-from gateway.config import parse_config
+from gateway.config_loader import parse_config
 from tests.live.conftest import Stack, StackFactory, raw_request, sim_params
 
 pytestmark = pytest.mark.live

@@ -116,7 +116,7 @@ def _gateway_config(urls: dict[str, str]) -> dict[str, Any]:
 @asynccontextmanager
 async def _stack(tmp: Path) -> AsyncIterator[Stack]:
     from engines.sim.server import SimParams, SimServer
-    from gateway.config import parse_config
+    from gateway.config_loader import parse_config
     from gateway.serving.server import start
 
     def sim(flavour: str = "vllm", **extra: Any) -> SimServer:

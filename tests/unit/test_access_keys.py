@@ -10,7 +10,7 @@ import pytest
 from gateway.access.keys import ClientKey, KeyRing
 from gateway.access.limiter import WINDOW_S, counter_names, decide, tokens_of, window
 from gateway.access.memory_store import MemoryStore
-from gateway.config import ConfigError, parse_config
+from gateway.config_loader import ConfigError, parse_config
 from gateway.errors import Unauthorized
 
 pytestmark = pytest.mark.unit

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from gateway.config import GatewayConfig, parse_config
+from gateway.config import GatewayConfig
+from gateway.config_loader import parse_config
 from gateway.fleet.capacity import Capacity
 from gateway.fleet.health import HealthState
 from gateway.fleet.registry import Registry

@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from gateway.cli import main
-from gateway.config import load_config
+from gateway.config_loader import load_config
 
 pytestmark = pytest.mark.unit
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config import ConfigError, load_config, parse_config
+from gateway.config_loader import ConfigError, load_config, parse_config
 
 pytestmark = pytest.mark.unit
 

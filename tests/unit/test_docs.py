@@ -17,7 +17,8 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from gateway.cli import parser
-from gateway.config import GatewayConfig, parse_config
+from gateway.config import GatewayConfig
+from gateway.config_loader import parse_config
 
 pytestmark = pytest.mark.unit
 

@@ -97,7 +97,7 @@ def test_count_tokens_translated_reads_the_engines_prompt_count() -> None:
 def test_reasoning_content_off_survives_yaml() -> None:
     import yaml
 
-    from gateway.config import parse_config
+    from gateway.config_loader import parse_config
 
     data = yaml.safe_load("pools: {p: {engine: vllm, backends: [{url: 'http://x'}]}}\nroutes:\n"
                           "  - {model: a, pools: [p], reasoning_content: off}\n"

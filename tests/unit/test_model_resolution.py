@@ -14,7 +14,8 @@ import pytest
 from engines.adapters import adapter_for
 from engines.base import ServedModel
 from engines.table import MAX_MODELS
-from gateway.config import GatewayConfig, parse_config
+from gateway.config import GatewayConfig
+from gateway.config_loader import parse_config
 from gateway.policy.caps import ENGINE_WINDOW, ROUTE_CAP, decide, effective_cap
 from gateway.policy.models import SERVED, ModelNames, build_index, choose_pool, upstream_model
 from gateway.policy.rules import RequestFacts

@@ -12,7 +12,8 @@ from openapi_spec_validator import validate
 from starlette.routing import Route
 
 from gateway.app import create_app
-from gateway.config import LimitsConfig, parse_config
+from gateway.config import LimitsConfig
+from gateway.config_loader import parse_config
 from gateway.serving.openapi import openapi_bytes, openapi_document
 
 pytestmark = pytest.mark.unit

@@ -8,7 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway.config import GatewayConfig, parse_config
+from gateway.config import GatewayConfig
+from gateway.config_loader import parse_config
 from gateway.fleet.capacity import Capacity
 from gateway.fleet.discovery import Discovered, apply_discovery
 from gateway.fleet.health import HealthState

@@ -8,7 +8,7 @@ import logging
 import pytest
 from aiohttp import web
 
-from gateway.config import parse_config
+from gateway.config_loader import parse_config
 from gateway.fleet.registry import Registry
 from gateway.fleet.scraper import LoadScraper
 from gateway.metrics import GatewayMetrics
