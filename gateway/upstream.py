@@ -1,25 +1,28 @@
-"""The upstream HTTP client: one shared aiohttp session, per-phase timeouts, and the one place
-where aiohttp's exceptions become the gateway's own (as httpx maps httpcore's).
+"""The upstream HTTP client: kept-alive HTTP/1.1 connections (`upstream_pool.py`,
+`upstream_connection.py`), per-phase timeouts, and the one place where connection failures become the
+gateway's own errors (as httpx maps httpcore's).
 
-aiohttp, not httpx: on this project's benchmark a Starlette + httpx proxy cost 2.8 ms CPU per
-request against 0.23 ms for aiohttp's client, and 181 vs 47 µs CPU per streamed token."""
+Its own client on asyncio and httptools, not aiohttp's nor httpx's: on this project's benchmark a
+Starlette + httpx proxy cost 2.8 ms CPU per request against 0.23 ms for aiohttp's client, and
+aiohttp's client was still the largest single part of the gateway's CPU per request (20-27 %);
+docs/benchmarks.md gives the measurement that replaced it."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import socket
+import ssl
 from collections.abc import Mapping
 from typing import Any
 
-import aiohttp
-
 from gateway.config import TimeoutsConfig
 from gateway.errors import GatewayError, UpstreamError, UpstreamTimeout
+from gateway.upstream_connection import BadResponse, ConnectionClosed, UpstreamConnection
+from gateway.upstream_pool import ConnectionPool, Origin, split_url
 
-_NO_TIMER = contextlib.nullcontext()
-"""Stands in for asyncio.timeout where nothing can wait (stateless, so one serves every read)."""
+_NOT_SENT = frozenset({"host", "content-length", "transfer-encoding", "connection"})
+"""Headers the client writes itself (a caller's copy would be a second one)."""
 
 
 class UpstreamConnectError(UpstreamError):
@@ -40,6 +43,10 @@ class UpstreamTooLarge(UpstreamError):
     default_code = "response_too_large"
 
 
+class _HeadTimeout(Exception):
+    """The answer's head did not come within the first-byte limit."""
+
+
 def error_kind(exc: GatewayError) -> str:
     """The `kind` label of gateway_upstream_errors_total for a translated error."""
     if isinstance(exc, UpstreamConnectError):
@@ -52,140 +59,125 @@ def error_kind(exc: GatewayError) -> str:
 
 
 def translate(exc: BaseException, what: str) -> GatewayError:
-    """aiohttp / OS errors -> GatewayError. Messages name the backend, never its URL."""
-    if isinstance(
-        exc,
-        aiohttp.ClientConnectorError
-        | aiohttp.ClientSSLError
-        | ConnectionRefusedError
-        | socket.gaierror
-        | aiohttp.ConnectionTimeoutError,
-    ):
-        return UpstreamConnectError(f"Could not connect to backend {what}.")
-    if isinstance(exc, TimeoutError | asyncio.TimeoutError | aiohttp.ServerTimeoutError):
+    """Connection / OS errors -> GatewayError. Messages name the backend, never its URL."""
+    if isinstance(exc, _HeadTimeout | TimeoutError):
         return UpstreamTimeout(f"Backend {what} did not respond in time.")
-    if isinstance(
-        exc, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError | aiohttp.ClientOSError | ConnectionResetError
-    ):
+    if isinstance(exc, ConnectionClosed | ConnectionError):
         return UpstreamDisconnected(f"Backend {what} closed the connection.")
+    if isinstance(exc, BadResponse):
+        return UpstreamError(f"Backend {what} sent a response that is not valid HTTP.")
+    return UpstreamError(f"Backend {what} failed: {type(exc).__name__}.")
+
+
+def connect_error(exc: BaseException, what: str) -> GatewayError:
+    """A failure to open a connection: nothing was sent."""
+    if isinstance(exc, TimeoutError | OSError | socket.gaierror | ssl.SSLError):
+        return UpstreamConnectError(f"Could not connect to backend {what}.")
     return UpstreamError(f"Backend {what} failed: {type(exc).__name__}.")
 
 
 class UpstreamResponse:
-    """An upstream answer whose reads raise only GatewayErrors: aiohttp's exceptions are mapped
-    here, inside the stream's reads too (httpx's map_httpcore_exceptions pattern)."""
+    """An upstream answer whose reads raise only GatewayErrors (httpx's map_httpcore_exceptions
+    pattern). Read whole, its connection goes back to the pool on release(); close() abandons it."""
 
-    __slots__ = ("_content", "_resp", "_what", "headers", "status")
+    __slots__ = ("_conn", "_origin", "_pool", "_what", "headers", "status")
 
-    def __init__(self, resp: aiohttp.ClientResponse, what: str) -> None:
-        self._resp = resp
-        self._content = resp.content
+    def __init__(self, conn: UpstreamConnection, pool: ConnectionPool, origin: Origin, what: str) -> None:
+        self._conn = conn
+        self._pool = pool
+        self._origin = origin
         self._what = what
-        self.status = resp.status
-        self.headers: Mapping[str, str] = resp.headers
+        self.status = conn.status
+        self.headers: Mapping[str, str] = conn.headers
+        """Lower-case names; repeated fields joined with ", "."""
 
     async def read(self, limit: float, max_bytes: int) -> bytes:
         """The whole body, within `limit` seconds and `max_bytes` (docs/reliability.md defect 14:
         a 200 MB answer was buffered whole); past either the connection is closed."""
+        conn = self._conn
         declared = self.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > max_bytes:
-            self._resp.close()
+            conn.close()
             raise UpstreamTooLarge(f"Backend {self._what} sent a response larger than {max_bytes} bytes.")
+        if conn.complete:  # most non-stream answers arrive whole: no wait, so no timer
+            data = conn.take()
+            if len(data) > max_bytes:
+                conn.close()
+                raise UpstreamTooLarge(f"Backend {self._what} sent a response larger than {max_bytes} bytes.")
+            return data
         parts: list[bytes] = []
         size = 0
         try:
-            # All of it already buffered (most non-stream answers arrive whole): readany() cannot
-            # wait, so no timer (an asyncio.timeout costs ~4 us: a Timeout, a call_at, its cancel).
-            async with _NO_TIMER if self._content.is_eof() else asyncio.timeout(limit):
-                while chunk := await self._content.readany():
+            async with asyncio.timeout(limit):
+                while chunk := await conn.read_chunk():
                     size += len(chunk)
                     if size > max_bytes:
-                        self._resp.close()
+                        conn.close()
                         raise UpstreamTooLarge(f"Backend {self._what} sent a response larger than {max_bytes} bytes.")
                     parts.append(chunk)
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            self._resp.close()
+        except (ConnectionClosed, BadResponse, OSError, TimeoutError) as exc:
+            conn.close()
             raise translate(exc, self._what) from None
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def unread(self) -> bool:
         """Whether the backend has sent bytes the gateway has not read yet: a stream that went idle
         with some waiting was held up by its client (not reading), not by the backend."""
-        return bool(getattr(self._content, "_size", 0))
+        return self._conn.buffered > 0
 
     async def read_error(self, max_bytes: int) -> bytes:
         """Up to `max_bytes` of an error body (empty when even that fails); the connection is closed."""
+        conn = self._conn
+        parts: list[bytes] = []
+        size = 0
         try:
-            return await self._content.read(max_bytes)
-        except (aiohttp.ClientError, OSError):
-            return b""
+            while size < max_bytes and (chunk := await conn.read_chunk()):
+                parts.append(chunk)
+                size += len(chunk)
+        except (ConnectionClosed, BadResponse, OSError):
+            pass
         finally:
-            self._resp.close()
+            conn.close()
+        return b"".join(parts)[:max_bytes]
 
     async def readany(self) -> bytes:
         """The next chunk of a stream; b"" at its end."""
         try:
-            return await self._content.readany()
-        except (aiohttp.ClientError, OSError) as exc:
+            return await self._conn.read_chunk()
+        except (ConnectionClosed, BadResponse, OSError) as exc:
             raise translate(exc, self._what) from None
 
     def release(self) -> None:
         """Done with a complete answer: the connection goes back to the pool."""
-        self._resp.release()
+        self._pool.release(self._origin, self._conn)
 
     def close(self) -> None:
         """Abandon it: closing (not releasing) the connection makes the engine stop work."""
-        self._resp.close()
+        self._conn.close()
 
 
 class UpstreamClient:
-    """Owns the aiohttp session for the app's lifetime (created and closed in lifespan)."""
+    """Owns the connection pool for the app's lifetime (closed in lifespan)."""
 
-    def __init__(self, timeouts: TimeoutsConfig, pool_size: int = 0) -> None:
+    def __init__(self, timeouts: TimeoutsConfig) -> None:
         self._timeouts = timeouts
-        self._pool_size = pool_size
-        self._session: aiohttp.ClientSession | None = None
-
-    @property
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            raise RuntimeError("UpstreamClient.start() was not called (it runs in the app's lifespan)")
-        return self._session
+        self._pool = ConnectionPool()
+        self._urls: dict[str, tuple[Origin, str, str]] = {}
+        self.closed = False
 
     async def start(self) -> None:
-        """Create the session; it must be made inside the running event loop."""
-        timeouts = self._timeouts
-        pool_size = self._pool_size
-        # No cookie jar: a shared client must not carry one client's cookies to another's request.
-        connector = aiohttp.TCPConnector(
-            limit=pool_size, limit_per_host=0, ttl_dns_cache=10, enable_cleanup_closed=False, force_close=False
-        )
-        self._session = aiohttp.ClientSession(
-            connector=connector,
-            cookie_jar=aiohttp.DummyCookieJar(),
-            auto_decompress=False,
-            timeout=aiohttp.ClientTimeout(
-                total=None, connect=timeouts.connect_s, sock_connect=timeouts.connect_s, sock_read=None
-            ),
-            skip_auto_headers=("User-Agent", "Accept-Encoding"),
-        )
+        """Nothing to open ahead: connections are made on first use."""
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        self._pool.close()
+        self.closed = True
 
     async def post(
         self, url: str, body: bytes, headers: Mapping[str, str], what: str, first_byte_s: float | None = None
     ) -> UpstreamResponse:
         """Send and wait for the response headers, at most first_byte_s."""
         limit = self._timeouts.first_byte_s if first_byte_s is None else first_byte_s
-        try:
-            async with asyncio.timeout(limit):
-                resp = await self.session.post(url, data=body, headers=headers, allow_redirects=False)
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            raise translate(exc, what) from None
-        return UpstreamResponse(resp, what)
+        return await self._send("POST", url, body, headers, what, limit)
 
     async def get_json(self, url: str, headers: Mapping[str, str], timeout_s: float, what: str) -> tuple[int, Any]:
         status, raw = await self.get(url, headers, timeout_s, what)
@@ -197,28 +189,103 @@ class UpstreamClient:
     async def get(
         self, url: str, headers: Mapping[str, str], timeout_s: float, what: str, max_bytes: int = 4 << 20
     ) -> tuple[int, bytes]:
-        try:
-            async with (
-                asyncio.timeout(timeout_s),
-                self.session.get(url, headers=headers, allow_redirects=False) as resp,
-            ):
-                raw = await resp.content.read(max_bytes)
-                return resp.status, raw
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            raise translate(exc, what) from None
+        return await self._exchange("GET", url, None, headers, timeout_s, what, max_bytes)
 
     async def post_json(
         self, url: str, payload: Any, headers: Mapping[str, str], timeout_s: float, what: str
     ) -> tuple[int, Any]:
+        body = json.dumps(payload).encode()
+        status, raw = await self._exchange(
+            "POST", url, body, {**headers, "content-type": "application/json"}, timeout_s, what, 4 << 20
+        )
         try:
-            async with (
-                asyncio.timeout(timeout_s),
-                self.session.post(url, json=payload, headers=headers, allow_redirects=False) as resp,
-            ):
-                raw = await resp.content.read(4 << 20)
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            raise translate(exc, what) from None
-        try:
-            return resp.status, json.loads(raw)
+            return status, json.loads(raw)
         except ValueError:
-            return resp.status, None
+            return status, None
+
+    async def _exchange(
+        self,
+        method: str,
+        url: str,
+        body: bytes | None,
+        headers: Mapping[str, str],
+        timeout_s: float,
+        what: str,
+        max_bytes: int,
+    ) -> tuple[int, bytes]:
+        """A whole small exchange (health, discovery, metrics, admin calls) within timeout_s; an
+        answer longer than max_bytes is cut there (the connection is then closed, not reused)."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                resp = await self._send(method, url, body, headers, what, timeout_s)
+                conn = resp._conn
+                parts: list[bytes] = []
+                size = 0
+                while size < max_bytes and (chunk := await conn.read_chunk()):
+                    parts.append(chunk)
+                    size += len(chunk)
+        except TimeoutError:
+            raise UpstreamTimeout(f"Backend {what} did not respond in time.") from None
+        except (ConnectionClosed, BadResponse, OSError) as exc:
+            raise translate(exc, what) from None
+        resp.release()
+        return resp.status, b"".join(parts)[:max_bytes]
+
+    async def _send(
+        self, method: str, url: str, body: bytes | None, headers: Mapping[str, str], what: str, limit: float
+    ) -> UpstreamResponse:
+        """Write the request on a pooled connection and wait, at most `limit`, for the answer's head.
+        A reused connection that the backend had closed just before (its keep-alive ran out as the
+        request went) is retried once on a new one: nothing reached the engine."""
+        parts = self._urls.get(url)
+        if parts is None:
+            try:
+                parts = split_url(url)
+            except ValueError as exc:
+                raise UpstreamError(f"Backend {what} has an unusable URL: {exc}.") from None
+            if len(self._urls) < 4096:
+                self._urls[url] = parts
+        origin, host, path = parts
+        head = _head(method, path, host, headers, body, what)
+        pool = self._pool
+        loop = asyncio.get_running_loop()
+        for _ in range(2):
+            conn = pool.take(origin)
+            reused = conn is not None
+            if conn is None:
+                try:
+                    async with asyncio.timeout(self._timeouts.connect_s):
+                        conn = await pool.connect(origin)
+                except (OSError, TimeoutError, ssl.SSLError) as exc:
+                    raise connect_error(exc, what) from None
+            timer = loop.call_later(limit, conn.time_out, _HeadTimeout())
+            try:
+                await conn.request(head, body or b"")
+                await conn.wait_head()
+            except (ConnectionClosed, BadResponse, OSError, _HeadTimeout) as exc:
+                conn.close()
+                if reused and isinstance(exc, ConnectionClosed) and not conn.received:
+                    continue
+                raise translate(exc, what) from None
+            except BaseException:
+                conn.close()  # cancelled: the engine must not go on with it
+                raise
+            finally:
+                timer.cancel()
+            return UpstreamResponse(conn, pool, origin, what)
+        raise UpstreamDisconnected(f"Backend {what} closed the connection.")
+
+
+def _head(method: str, path: str, host: str, headers: Mapping[str, str], body: bytes | None, what: str) -> bytes:
+    """The request's head: the caller's headers (less those the client writes) and the length."""
+    lines = [f"{method} {path} HTTP/1.1\r\nhost: {host}\r\n"]
+    for name, value in headers.items():
+        if name.lower() in _NOT_SENT:
+            continue
+        if "\n" in value or "\r" in value or "\n" in name or "\r" in name or ":" in name:
+            raise UpstreamError(f"A header for backend {what} holds a line break; it was not sent.")
+        lines.append(f"{name}: {value}\r\n")
+    if body is not None:
+        lines.append(f"content-length: {len(body)}\r\n")
+    lines.append("\r\n")
+    return "".join(lines).encode("utf-8")

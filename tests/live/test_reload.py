@@ -160,8 +160,8 @@ async def test_a_reload_never_cuts_a_long_stream(make_stack: StackFactory) -> No
     assert gap < 1.5, f"a {gap:.1f} s silence mid-stream"  # chunks come every 0.05 s
     assert stack.total("gateway_requests_total", outcome="success") == 1
     for _ in range(50):  # the old gateway's session is closed once its stream is done
-        if old.upstream._session is None:
+        if old.upstream.closed:
             break
         await asyncio.sleep(0.1)
-    assert old.upstream._session is None
+    assert old.upstream.closed
     stack.gateway = app.gateway

@@ -116,11 +116,15 @@ def test_one_composition_root() -> None:
     assert {p.relative_to(ROOT / "gateway").as_posix() for p in builders} <= {"app.py", "tools/explain.py"}
 
 
-def test_aiohttp_is_seen_only_by_the_upstream_module() -> None:
-    """One boundary for the client library's errors (httpx's map_httpcore_exceptions pattern).
-    `gateway bench` is a load client of its own, not the serving path."""
-    users = {p.relative_to(ROOT).as_posix() for p in (ROOT / "gateway").rglob("*.py") if "aiohttp" in imports(p)}
-    assert {u for u in users if not u.startswith("gateway/bench/")} == {"gateway/upstream.py"}
+def test_the_upstream_client_has_one_boundary() -> None:
+    """One boundary for the connection's own errors (httpx's map_httpcore_exceptions pattern): only
+    upstream.py and its pool see upstream_connection; nothing on the serving path uses aiohttp
+    (`gateway bench` is a load client of its own, not the serving path)."""
+    modules = [p for p in (ROOT / "gateway").rglob("*.py")]
+    aiohttp_users = {p.relative_to(ROOT).as_posix() for p in modules if "aiohttp" in imports(p)}
+    assert {u for u in aiohttp_users if not u.startswith("gateway/bench/")} == set()
+    connection_users = {p.relative_to(ROOT).as_posix() for p in modules if "gateway.upstream_connection" in imports(p)}
+    assert connection_users == {"gateway/upstream.py", "gateway/upstream_pool.py"}
 
 
 def test_only_the_endpoint_uncancels() -> None:

@@ -1,0 +1,95 @@
+"""Kept-alive connections to the backends, by origin (scheme, host, port): a request takes the most
+recently used idle connection (or opens one, within the connect timeout) and gives it back when its
+answer was read whole; an abandoned answer closes its connection, which is what makes an engine stop
+generating. Idle connections the backend closes leave the pool at once; one idle longer than
+IDLE_S is closed when next found."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import time
+import weakref
+from urllib.parse import urlsplit
+
+from gateway.upstream_connection import UpstreamConnection
+
+IDLE_S = 15.0
+"""How long an idle connection is kept (aiohttp's default keep-alive, and longer than no engine's)."""
+
+Origin = tuple[str, str, int]
+
+
+def split_url(url: str) -> tuple[Origin, str, str]:
+    """(origin, Host header, path with query) of an http(s) URL; ValueError for anything else."""
+    parts = urlsplit(url)
+    scheme = parts.scheme
+    if scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"not an http(s) URL: {scheme or 'no scheme'}")
+    default = 443 if scheme == "https" else 80
+    port = parts.port or default
+    host = parts.hostname
+    host_header = f"[{host}]" if ":" in host else host
+    if port != default:
+        host_header = f"{host_header}:{port}"
+    path = parts.path or "/"
+    if parts.query:
+        path = f"{path}?{parts.query}"
+    return (scheme, host, port), host_header, path
+
+
+class ConnectionPool:
+    """Idle connections per origin; no limit on how many are open (as aiohttp's limit=0 was)."""
+
+    def __init__(self) -> None:
+        self._idle: dict[Origin, list[UpstreamConnection]] = {}
+        self._tls: ssl.SSLContext | None = None
+        self._open: weakref.WeakSet[UpstreamConnection] = weakref.WeakSet()
+
+    def take(self, origin: Origin) -> UpstreamConnection | None:
+        """The most recently used idle connection to origin that is still open, if any."""
+        idle = self._idle.get(origin)
+        if idle:
+            now = time.monotonic()
+            while idle:
+                conn = idle.pop()
+                conn.on_lost = None
+                if not conn.closed and now - conn.idle_since < IDLE_S:
+                    conn.reset()
+                    return conn
+                conn.close()
+        return None
+
+    def release(self, origin: Origin, conn: UpstreamConnection) -> None:
+        """Back to the pool if its answer was read whole; closed otherwise."""
+        if not conn.reusable:
+            conn.close()
+            return
+        idle = self._idle.get(origin)
+        if idle is None:
+            idle = self._idle[origin] = []
+        conn.idle_since = time.monotonic()
+        conn.on_lost = idle
+        idle.append(conn)
+
+    def close(self) -> None:
+        """Close every connection (the app's shutdown)."""
+        for conn in list(self._open):
+            conn.close()
+        self._open.clear()
+        self._idle.clear()
+
+    async def connect(self, origin: Origin) -> UpstreamConnection:
+        """A new connection to origin (the caller bounds the wait)."""
+        scheme, host, port = origin
+        loop = asyncio.get_running_loop()
+        tls: ssl.SSLContext | None = None
+        if scheme == "https":
+            if self._tls is None:
+                self._tls = ssl.create_default_context()
+            tls = self._tls
+        _, conn = await loop.create_connection(
+            lambda: UpstreamConnection(loop), host, port, ssl=tls, server_hostname=host if tls else None
+        )
+        self._open.add(conn)
+        return conn
