@@ -17,21 +17,27 @@ _EVENT_DONE = b"\n\ndata: [DONE]"
 _NO_CHOICES = b'"choices":[]'
 _USAGE = b'"usage":{'
 # A content event has one of these with a non-empty value; JSON escapes quotes inside strings, so a
-# marker can't occur inside a value. `"reasoning_content":"` does not contain `"content":"`.
-_STRING_MARKERS = (b'"content":"', b'"text":"', b'"reasoning_content":"')
-_EMPTY_MARKERS = tuple(m + b'"' for m in _STRING_MARKERS)
+# marker can't occur inside a value. `content":"` is both `"content":"` and `"reasoning_content":"`.
+_CHAT = b'content":"'
+_CHAT_EMPTY = b'content":""'
+_TEXT = b'"text":"'
+_TEXT_EMPTY = b'"text":""'
 _TOOL_CALLS = b'"tool_calls":[{'
+_TAIL = 2
+"""Events at the end of a read searched for [DONE] and the usage: they are a stream's last two."""
 
 
-def content_count(data: bytes) -> int:
-    """How many content events `data` (whole events) holds: non-empty content, text or reasoning,
-    or a tool-call delta. An event with two of them (rare) counts twice."""
-    n = data.count(_TOOL_CALLS)
-    for marker, empty in zip(_STRING_MARKERS, _EMPTY_MARKERS, strict=True):
-        found = data.count(marker)
-        if found:
-            n += found - data.count(empty)
-    return n
+def content_count(data: bytes, text: bool = False) -> int:
+    """How many content events `data` (whole events) holds: non-empty content or reasoning and
+    tool-call deltas in a chat stream, non-empty text in a completions stream (`text`). An event
+    with two of them (rare) counts twice. Two or three byte passes over the read."""
+    if text:
+        n = data.count(_TEXT)
+        return n - data.count(_TEXT_EMPTY) if n else 0
+    n = data.count(_CHAT)
+    if n:
+        n -= data.count(_CHAT_EMPTY)
+    return n + data.count(_TOOL_CALLS)
 
 
 class StreamObserver:
@@ -45,24 +51,29 @@ class StreamObserver:
 
     __slots__ = (
         "_carry",
+        "_crlf",
         "_strip_usage",
+        "_text",
         "_whole",
         "content_events",
         "done",
         "error",
-        "events",
         "first_token_at",
         "gaps",
         "last_token_at",
+        "seen",
         "together",
         "usage",
     )
 
-    def __init__(self, strip_usage: bool, whole_events: bool = False) -> None:
+    def __init__(self, strip_usage: bool, whole_events: bool = False, text: bool = False) -> None:
         self._carry = b""
+        self._crlf: bool | None = None
         self._strip_usage = strip_usage
         self._whole = strip_usage or whole_events
-        self.events = 0
+        self._text = text
+        self.seen = False
+        """A data event has come (comments such as `: ping` are not events)."""
         self.content_events = 0
         self.done = False
         self.usage: dict[str, Any] | None = None
@@ -78,7 +89,9 @@ class StreamObserver:
 
     def feed(self, chunk: bytes, now: float) -> bytes:
         data = self._carry + chunk if self._carry else chunk
-        if b"\r" in data:
+        if self._crlf is None:  # an engine ends its lines one way: the first read tells which
+            self._crlf = b"\r" in data
+        if self._crlf:
             data = data.replace(b"\r\n", b"\n")
         end = data.rfind(b"\n\n")
         if end < 0:
@@ -94,21 +107,32 @@ class StreamObserver:
         return complete[: drop[0]] + complete[drop[1] :]
 
     def _observe(self, data: bytes, now: float) -> tuple[int, int] | None:
-        """Account for whole events; the span of a usage-only event in them, if there is one."""
-        events = data.count(_LINE_DATA) + data.startswith(_DATA)
-        if not events:
-            return None  # comments (": ping") and other fields only
-        if self.events == 0 and b'"error"' in data:
-            first = _first_data_event(data)
-            if b'"error"' in first and b'"choices"' not in first:
-                self.error = _decode(first)
-        self.events += events
-        if not self.done and (data.startswith(_DONE) or _EVENT_DONE in data):
+        """Account for whole events; the span of a usage-only event in them, if there is one.
+        Full passes over the read: only the content count's; [DONE] and the usage are looked for
+        in its last two events, where a stream has them (usage on every event, as some engines
+        send it, is read from the last)."""
+        if not self.seen:
+            if not (data.startswith(_DATA) or _LINE_DATA in data):
+                return None  # comments (": ping") and other fields only
+            self.seen = True
+            if b'"error"' in data:
+                first = _first_data_event(data)
+                if b'"error"' in first and b'"choices"' not in first:
+                    self.error = _decode(first)
+        tail = len(data) - 2
+        for _ in range(_TAIL):
+            tail = data.rfind(b"\n\n", 0, tail) if tail > 0 else -1
+            if tail < 0:
+                break
+        start_tail = tail + 2 if tail >= 0 else 0
+        if not self.done and (
+            data.startswith(_DONE, start_tail) or data.find(_EVENT_DONE, max(start_tail - 2, 0)) >= 0
+        ):
             self.done = True
         drop = None
-        at = data.rfind(_NO_CHOICES)  # the usage-only event, last but [DONE]
+        at = data.rfind(_NO_CHOICES, start_tail)  # the usage-only event, last but [DONE]
         if at < 0:
-            at = data.rfind(_USAGE)  # usage on a content event (some engines)
+            at = data.rfind(_USAGE, start_tail)  # usage on a content event (some engines)
         if at >= 0:
             sep = data.rfind(b"\n\n", 0, at)
             start = sep + 2 if sep >= 0 else 0
@@ -120,7 +144,7 @@ class StreamObserver:
                 self.usage = usage
             if _NO_CHOICES in event:
                 drop = (start, stop)
-        found = content_count(data)
+        found = content_count(data, self._text)
         if found:
             if self.first_token_at is None:
                 self.first_token_at = now

@@ -64,7 +64,7 @@ def test_a_read_of_many_events_counts_only_content_events() -> None:
     tricky = chunk('say "content":"x" and data: [DONE]')  # markers inside a value are escaped
     obs = StreamObserver(strip_usage=False)
     obs.feed(ROLE + empty + null + chunk("a") + tool + reasoning + tricky + finish + USAGE, 1.0)
-    assert obs.content_events == 4 and obs.events == 9 and not obs.done
+    assert obs.content_events == 4 and not obs.done
     obs.feed(DONE, 2.0)
     assert obs.done
 
@@ -98,8 +98,32 @@ def test_role_only_chunk_is_not_the_first_token() -> None:
     assert obs.first_token_at == 2.0
 
 
-def test_completions_text_and_crlf() -> None:
+def test_usage_on_every_event_is_read_from_the_last() -> None:
+    """vLLM's continuous usage stats put usage on each event: the stream's is the last one's."""
+
+    def counted(text: str, tokens: int) -> bytes:
+        body = {"choices": [{"index": 0, "delta": {"content": text}}], "usage": {"completion_tokens": tokens}}
+        return event(body)
+
     obs = StreamObserver(strip_usage=False)
+    obs.feed(b"".join(counted(c, i + 1) for i, c in enumerate("abcdef")), 1.0)
+    assert obs.usage == {"completion_tokens": 6} and obs.content_events == 6
+    obs.feed(counted("g", 7) + DONE, 2.0)
+    assert obs.usage == {"completion_tokens": 7} and obs.done
+
+
+def test_a_chat_observer_counts_no_text_and_a_completions_one_no_content() -> None:
+    """The markers are the protocol's: a chat stream's `text` fields (inside tool arguments, say)
+    are not content events, nor a completions stream's `content` fields."""
+    text = event({"choices": [{"text": "x", "index": 0}]})
+    chat, completions = StreamObserver(strip_usage=False), StreamObserver(strip_usage=False, text=True)
+    chat.feed(text + chunk("a"), 1.0)
+    completions.feed(text + chunk("a"), 1.0)
+    assert chat.content_events == 1 and completions.content_events == 1
+
+
+def test_completions_text_and_crlf() -> None:
+    obs = StreamObserver(strip_usage=False, text=True)
     data = event({"choices": [{"text": "x", "index": 0}]}).replace(b"\n\n", b"\r\n\r\n") + b"data: [DONE]\r\n\r\n"
     assert obs.feed(data, 1.0) == data
     assert obs.content_events == 1 and obs.done
@@ -119,8 +143,10 @@ def test_stream_without_done_is_not_done() -> None:
 
 def test_pings_are_not_events() -> None:
     obs = StreamObserver(strip_usage=False)
-    obs.feed(b": ping\n\n" + chunk("a"), 1.0)
-    assert obs.events == 1
+    obs.feed(b": ping\n\n", 1.0)
+    assert not obs.seen and obs.first_token_at is None
+    obs.feed(chunk("a"), 2.0)
+    assert obs.seen and obs.content_events == 1
 
 
 def test_whole_events_mode_keeps_every_event_and_cuts_none() -> None:
