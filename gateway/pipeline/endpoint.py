@@ -8,15 +8,16 @@ A raw ASGI app, not a Starlette endpoint, so that it sees the client leave at ev
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import os
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any
 
 from gateway.access.gate import AccessGate
 from gateway.access.keys import ClientKey
-from gateway.asgi import ARRIVED, Receive, Scope, Send
+from gateway.asgi import ARRIVED, CLIENT_GONE, Receive, Scope, Send
 from gateway.config import GatewayConfig, RouteConfig
 from gateway.errors import (
     GatewayError,
@@ -113,6 +114,7 @@ class CompletionEndpoint:
         assert task is not None
         ending = RequestEnd(task)
         watcher: asyncio.Task[None] | None = None
+        left: Callable[[], None] | None = None
         count: PromptCount = NO_PROMPT
         client: ClientKey | None = None
         try:
@@ -134,7 +136,12 @@ class CompletionEndpoint:
             if self._variants:
                 protocol = self._variants.get(route.label, protocol)
             await self._access.admit(client, inbound.model)  # the key's model allowlist and limits
-            watcher = asyncio.create_task(_listen_for_disconnect(receive, ex, ending))
+            gone = scope.get(CLIENT_GONE)
+            if gone is not None:  # the gateway's own server calls back; no task a request
+                left = functools.partial(_client_left, ex, ending)
+                gone.watch(left)
+            else:
+                watcher = asyncio.create_task(_listen_for_disconnect(receive, ex, ending))
             view = protocol.estimate_view(inbound)
             estimate = self._caps.routing_estimate(route, inbound, view)
             if inbound.pin is None:
@@ -195,6 +202,8 @@ class CompletionEndpoint:
             ending.finished = True
             if watcher is not None:
                 watcher.cancel()
+            elif left is not None:
+                scope[CLIENT_GONE].unwatch(left)
             if ex.answer_id is not None:
                 self._pins.put(ex.answer_id, ex.backend_name)
             self._accounting.finish(ex)
@@ -233,12 +242,17 @@ class CompletionEndpoint:
 
 
 async def _listen_for_disconnect(receive: Receive, ex: Exchange, ending: RequestEnd) -> None:
-    """Runs beside the request; when the client goes, end the request so that the upstream
-    connection is closed and the engine stops work."""
+    """Runs beside the request under a server without the CLIENT_GONE hook: when the client goes,
+    end the request so that the upstream connection is closed and the engine stops work."""
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             break
+    _client_left(ex, ending)
+
+
+def _client_left(ex: Exchange, ending: RequestEnd) -> None:
+    """The client's connection was lost: note the stage and end the request."""
     if ending.finished:
         return
     if ex.sent_at is None:

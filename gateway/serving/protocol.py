@@ -11,7 +11,7 @@ import time
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from gateway.asgi import ARRIVED
+from gateway.asgi import ARRIVED, CLIENT_GONE, ClientGone
 from gateway.errors import HeaderTooLarge
 
 
@@ -33,9 +33,11 @@ def protocol_class(
         _linger: asyncio.TimerHandle | None = None
         _discard_left = 0
         _receiving = False
+        _gone: ClientGone | None = None
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
+            self._gone = ClientGone()
             self._arm()
 
         def data_received(self, data: bytes) -> None:
@@ -65,6 +67,7 @@ def protocol_class(
             # The request's arrival, for its clock (TTFT, duration): its first byte parsed, not the
             # moment its task first runs, which under load waits behind other streams' relays.
             self.scope[ARRIVED] = time.perf_counter()  # type: ignore[literal-required]
+            self.scope[CLIENT_GONE] = self._gone  # type: ignore[literal-required]
             self._header_count = 0
             # The next request on a kept-alive connection. Its deadline is armed at the end of the
             # read only if it is still incomplete there: most requests arrive in one read, and a
@@ -98,7 +101,10 @@ def protocol_class(
             self._disarm()
             if self._linger is not None:
                 self._linger.cancel()
+            cycle = self.cycle
             super().connection_lost(exc)
+            if self._gone is not None:
+                self._gone.lost(cycle is not None and not cycle.response_complete)
 
         def _refuse(self, message: str) -> None:
             self._refusal = message
