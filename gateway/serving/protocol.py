@@ -13,6 +13,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.asgi import ARRIVED, CLIENT_GONE, ClientGone
 from gateway.errors import HeaderTooLarge
+from gateway.serving.cycle import GatewayCycle
 
 
 class _HeadRefused(Exception):
@@ -84,6 +85,10 @@ def protocol_class(
         def on_headers_complete(self) -> None:
             self._in_head = False
             super().on_headers_complete()
+            if self.cycle is not None:
+                # The cycle uvicorn just made, before its task first runs: the gateway's writer
+                # (serving/cycle.py) has no state of its own, so the class is all that changes.
+                self.cycle.__class__ = GatewayCycle
 
         def on_message_complete(self) -> None:
             self._receiving = False
