@@ -215,6 +215,7 @@ class UpstreamClient:
     ) -> tuple[int, bytes]:
         """A whole small exchange (health, discovery, metrics, admin calls) within timeout_s; an
         answer longer than max_bytes is cut there (the connection is then closed, not reused)."""
+        resp: UpstreamResponse | None = None
         try:
             async with asyncio.timeout(timeout_s):
                 resp = await self._send(method, url, body, headers, what, timeout_s)
@@ -224,10 +225,14 @@ class UpstreamClient:
                 while size < max_bytes and (chunk := await conn.read_chunk()):
                     parts.append(chunk)
                     size += len(chunk)
-        except TimeoutError:
-            raise UpstreamTimeout(f"Backend {what} did not respond in time.") from None
-        except (ConnectionClosed, BadResponse, OSError) as exc:
-            raise translate(exc, what) from None
+        except BaseException as exc:
+            if resp is not None:
+                resp.close()  # timed out, failed or cancelled in the body: never back to the pool
+            if isinstance(exc, TimeoutError):
+                raise UpstreamTimeout(f"Backend {what} did not respond in time.") from None
+            if isinstance(exc, ConnectionClosed | BadResponse | OSError):
+                raise translate(exc, what) from None
+            raise
         resp.release()
         return resp.status, b"".join(parts)[:max_bytes]
 

@@ -50,6 +50,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.complete = False
         """The whole answer has been received."""
         self._until_close = False
+        self._interim = False
         self._paused = False
         self._keep_alive = False
         self.closed = False
@@ -107,7 +108,12 @@ class UpstreamConnection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         parser = self._parser
-        self.status = parser.get_status_code()
+        status = parser.get_status_code()
+        if 100 <= status < 200 and status != 101:
+            self._raw_headers = []  # an interim answer (103 Early Hints...): the final one follows
+            self._interim = True
+            return
+        self.status = status
         headers: dict[str, str] = {}
         for name, value in self._raw_headers:
             key = name.decode("latin-1").lower()
@@ -115,9 +121,8 @@ class UpstreamConnection(asyncio.Protocol):
             headers[key] = f"{headers[key]}, {text}" if key in headers else text
         self.headers = headers
         self._keep_alive = parser.should_keep_alive()
-        self._until_close = "content-length" not in headers and "chunked" not in headers.get("transfer-encoding", "")
-        if self.status in (204, 304) or 100 <= self.status < 200:
-            self._until_close = False
+        chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+        self._until_close = "content-length" not in headers and not chunked and status not in (204, 304)
         self._head_done = True
         self._wake()
 
@@ -130,6 +135,9 @@ class UpstreamConnection(asyncio.Protocol):
         self._wake()
 
     def on_message_complete(self) -> None:
+        if self._interim:
+            self._interim = False
+            return
         self.complete = True
         self._wake()
 
