@@ -1,11 +1,11 @@
-"""The gateway's own CPU per request, without uvicorn, sockets or aiohttp: the ASGI app is called
-directly and aiohttp's session answers from memory (the run's static bodies). Deterministic enough
+"""The gateway's own CPU per request, without uvicorn or sockets: the ASGI app is called
+directly and the upstream client answers from memory (the run's static bodies). Deterministic enough
 to compare two commits in a few seconds, and to profile the gateway's code alone.
 
 PYTHONPATH=TREE python3 benchmarks/overhead/inprocess.py [--requests N] [--stream] [--profile FILE]
 
 It prints CPU µs per request (the best of --repeat runs). Not a substitute for peers.py: uvicorn and
-aiohttp cost more than the gateway itself, and they are left out here on purpose."""
+the sockets are left out here on purpose."""
 
 from __future__ import annotations
 
@@ -20,95 +20,51 @@ import time
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
 sys.path.insert(0, str(Path(__file__).parent))
 import bodies
 import configs
 
 
-class _Content:
-    def __init__(self, chunks: list[bytes]) -> None:
-        self._chunks = chunks
-        self._i = 0
+class _Connection:
+    """Stands in for an UpstreamConnection whose answer is all in memory."""
 
-    async def readany(self) -> bytes:
-        if self._i >= len(self._chunks):
-            return b""
-        self._i += 1
-        return self._chunks[self._i - 1]
-
-    async def read(self, n: int = -1) -> bytes:
-        return b"".join(self._chunks)
-
-    def is_eof(self) -> bool:
-        return True
-
-    def iter_any(self) -> Any:
-        async def gen() -> Any:
-            for c in self._chunks:
-                yield c
-
-        return gen()
-
-
-class _Resp:
     def __init__(self, status: int, body: bytes, ctype: str, chunks: list[bytes] | None = None) -> None:
         self.status = status
         self.headers = {"content-type": ctype, "content-length": str(len(body))}
-        self._body = body
-        self.content = _Content(chunks if chunks is not None else [body])
+        self._chunks = list(chunks if chunks is not None else [body])
+        self.complete = chunks is None
+        self.buffered = 0
+        self.reusable = False
 
-    async def read(self) -> bytes:
-        return self._body
+    def take(self) -> bytes:
+        return b"".join(self._chunks)
 
-    def release(self) -> None:
-        pass
+    async def read_chunk(self) -> bytes:
+        return self._chunks.pop(0) if self._chunks else b""
 
     def close(self) -> None:
         pass
 
-    async def __aenter__(self) -> _Resp:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        pass
-
-
-class _Call:
-    """What session.post/get return: awaitable and an async context manager."""
-
-    def __init__(self, resp: _Resp) -> None:
-        self._resp = resp
-
-    def __await__(self) -> Any:
-        async def get() -> _Resp:
-            return self._resp
-
-        return get().__await__()
-
-    async def __aenter__(self) -> _Resp:
-        return self._resp
-
-    async def __aexit__(self, *exc: object) -> None:
-        pass
-
 
 def _install(completion: bytes, stream: bytes) -> None:
+    from gateway import upstream
+
     chunks = [stream[i : i + 4096] for i in range(0, len(stream), 4096)]
+    pool = upstream.ConnectionPool()
+    origin = ("http", "127.0.0.1", 9)
 
-    def post(self: Any, url: str, **kw: Any) -> _Call:
+    async def send(self: Any, method: str, url: str, body: Any, headers: Any, what: str, limit: float) -> Any:
         if "/sse/" in url:
-            return _Call(_Resp(200, stream, "text/event-stream", list(chunks)))
-        return _Call(_Resp(200, completion, "application/json"))
+            conn = _Connection(200, stream, "text/event-stream", list(chunks))
+        else:
+            conn = _Connection(200, completion, "application/json")
+        return upstream.UpstreamResponse(conn, pool, origin, what)  # type: ignore[arg-type]
 
-    def get(self: Any, url: str, **kw: Any) -> _Call:
-        if url.endswith("/health"):
-            return _Call(_Resp(200, b"{}", "application/json"))
-        return _Call(_Resp(404, b"", "text/plain"))
+    async def exchange(self: Any, method: str, url: str, *args: Any) -> tuple[int, bytes]:
+        return (200, b"{}") if url.endswith("/health") else (404, b"")
 
-    aiohttp.ClientSession.post = post  # type: ignore[method-assign,assignment]
-    aiohttp.ClientSession.get = get  # type: ignore[method-assign,assignment]
+    upstream.UpstreamClient._send = send  # type: ignore[method-assign]
+    upstream.UpstreamClient._exchange = exchange  # type: ignore[method-assign]
 
 
 async def _one(app: Any, path: str, body: bytes, never: asyncio.Event) -> int:
