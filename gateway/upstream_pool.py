@@ -1,8 +1,9 @@
 """Kept-alive connections to the backends, by origin (scheme, host, port): a request takes the most
 recently used idle connection (or opens one, within the connect timeout) and gives it back when its
 answer was read whole; an abandoned answer closes its connection, which is what makes an engine stop
-generating. Idle connections the backend closes leave the pool at once; one idle longer than
-IDLE_S is closed when next found."""
+generating. Idle connections the backend closes leave the pool at once; those idle longer than
+IDLE_S are closed by one sweep timer for the whole pool (armed only while some are idle), so a burst
+of a thousand streams leaves no thousand idle sockets behind."""
 
 from __future__ import annotations
 
@@ -45,6 +46,7 @@ class ConnectionPool:
         self._idle: dict[Origin, list[UpstreamConnection]] = {}
         self._tls: ssl.SSLContext | None = None
         self._open: weakref.WeakSet[UpstreamConnection] = weakref.WeakSet()
+        self._sweeper: asyncio.TimerHandle | None = None
 
     def take(self, origin: Origin) -> UpstreamConnection | None:
         """The most recently used idle connection to origin that is still open, if any."""
@@ -71,9 +73,28 @@ class ConnectionPool:
         conn.idle_since = time.monotonic()
         conn.on_lost = idle
         idle.append(conn)
+        if self._sweeper is None:
+            self._sweeper = asyncio.get_running_loop().call_later(IDLE_S / 3, self._sweep)
+
+    def _sweep(self) -> None:
+        """Close the connections idle past IDLE_S (the oldest are first in each list)."""
+        self._sweeper = None
+        cutoff = time.monotonic() - IDLE_S
+        waiting = False
+        for idle in self._idle.values():
+            while idle and idle[0].idle_since <= cutoff:
+                conn = idle.pop(0)
+                conn.on_lost = None
+                conn.close()
+            waiting = waiting or bool(idle)
+        if waiting:
+            self._sweeper = asyncio.get_running_loop().call_later(IDLE_S / 3, self._sweep)
 
     def close(self) -> None:
         """Close every connection (the app's shutdown)."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         for conn in list(self._open):
             conn.close()
         self._open.clear()

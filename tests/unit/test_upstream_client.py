@@ -374,6 +374,26 @@ async def test_a_pooled_connection_the_backend_closed_while_idle_is_not_used() -
         assert [index for index, _ in backend.requests] == [0, 1]
 
 
+async def test_connections_idle_past_idle_s_are_closed_by_the_sweep(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No request needs to come for the idle ones to be closed: a burst leaves no sockets behind."""
+    monkeypatch.setattr("gateway.upstream_pool.IDLE_S", 0.3)
+
+    async def answer_then_wait(peer: Peer) -> None:
+        await peer.request()
+        await peer.send(ok())
+        await peer.wait_eof()
+
+    async with serve(answer_then_wait) as (backend, client):
+        answers = await asyncio.gather(*(client.post(f"{backend.url}/v1/x", BODY, {}, "b1") for _ in range(3)))
+        for resp in answers:
+            assert await resp.read(2.0, 1000) == b"hello"
+            resp.release()
+        assert backend.connections == 3 and sum(len(v) for v in client._pool._idle.values()) == 3
+        await asyncio.sleep(0.6)
+        assert not any(client._pool._idle.values())
+        assert backend.eof.is_set()  # the backend saw them closed
+
+
 async def test_a_pooled_connection_closed_as_the_request_went_is_retried_on_a_new_one() -> None:
     async def stale(peer: Peer) -> None:
         if peer.index == 0:
