@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from gateway.value import value
 
-@dataclass(frozen=True, slots=True)
+
+@value
 class Edits:
     max_tokens: int | None = None
     """Set the protocol's output-limit field to this (a cap's default or clamp)."""

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from engines.context_error import context_message
@@ -29,11 +28,12 @@ from gateway.policy.caps import (
 )
 from gateway.protocols.base import Inbound
 from gateway.upstream import UpstreamClient
+from gateway.value import value
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class PromptCount:
     """What the cap step knows of the prompt: the estimator's key and inputs, and the counts."""
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from gateway.config import GatewayConfig, RouteConfig
@@ -20,9 +19,10 @@ from gateway.policy.models import ModelNames, Resolved, choose_pool, upstream_mo
 from gateway.policy.prefix import PrefixTracker, canonical_prompt, conversation_anchor, fingerprint
 from gateway.policy.rules import Platform, RequestFacts
 from gateway.protocols.base import Inbound
+from gateway.value import value
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Plan:
     pool: str
     rule: str

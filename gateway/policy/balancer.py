@@ -6,12 +6,12 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
 from hashlib import blake2b
 from typing import Protocol
 
 from engines.base import EngineLoad
 from gateway.config import BalancerKind, PoolConfig
+from gateway.value import value
 
 WAITING_WEIGHT = 1.0
 """least_load: a queued request costs this much on top of the one it already counts for."""
@@ -24,7 +24,7 @@ AFFINITY_MAX_ENTRIES = 65_536
 """prefix_affinity: learned block hashes kept (log2(blocks) + 1 per request: ~10k recent prompts)."""
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Candidate:
     """A healthy backend as the registry sees it now."""
 
@@ -37,7 +37,7 @@ class Candidate:
     """Slow start: 0 just after re-admission, 1 once health.slow_start_s has passed."""
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class BalanceKey:
     """What a balancer may know about the request."""
 

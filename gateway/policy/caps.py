@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from engines.context_error import context_message
 from gateway.config import CapsConfig
+from gateway.value import value
 
 ROUTE_CAP = " (The limit is this gateway route's context cap.)"
 """Appended to the gateway's own context errors, so that an operator can tell them from an engine's."""
@@ -206,7 +206,7 @@ class TokenEstimator:
 Action = Literal["pass", "reject", "clamp", "default", "truncate"]
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class CapDecision:
     action: Action
     max_tokens: int | None = None

@@ -6,18 +6,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass
 from types import MappingProxyType
 
 from gateway.config import GatewayConfig, RouteConfig
 from gateway.policy.rules import Decision, RequestFacts, matches, rule_label, select_pool
+from gateway.value import value
 
 SERVED = "served"
 """The rule label when the pools that serve a name exactly were chosen by no rule of the route."""
 _NOTHING: Mapping[str, tuple[str, ...]] = MappingProxyType({})
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Resolved:
     route: RouteConfig
     name: str
@@ -60,7 +60,7 @@ class ModelNames:
         return out
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class ModelIndex:
     """Exact model name -> pool -> the backends of that pool that serve it (by name)."""
 

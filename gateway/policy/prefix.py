@@ -7,11 +7,11 @@ import json
 import struct
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass
 from hashlib import blake2b
 from typing import Any, Literal
 
 from gateway.config import SharedPrefixConfig
+from gateway.value import value
 
 # Control characters frame the segments so that no message text can fake a role boundary and two
 # different conversations can't canonicalise to the same text by shifting words between messages.
@@ -44,7 +44,7 @@ def canonical_prompt(body: Mapping[str, Any]) -> str:
     return ""
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Anchor:
     """Where a chat's own text starts: `block` is the fingerprint block holding the first byte
     after the shared head (system messages and tools), and `key` hashes the first non-system
@@ -139,7 +139,7 @@ def fingerprint(text: str, block_chars: int) -> tuple[int, ...]:
     return struct.unpack(f">{len(digests)}Q", b"".join(digests))
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class PrefixVerdict:
     """Whether one request counts as shared-prefix traffic, and why."""
 

@@ -5,17 +5,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Literal
 
 from gateway.config import RouteConfig, RuleConfig, RuleWhen
+from gateway.value import value
 
 Platform = Literal["mac", "no_nvidia_gpu", "nvidia_gpu"]
 Availability = Callable[[str], bool] | AbstractSet[str]
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class RequestFacts:
     """What the rules may look at. `headers` has lower-cased names; `prompt_tokens` is an estimate."""
 
@@ -28,7 +28,7 @@ class RequestFacts:
     platform: Platform
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Decision:
     pool: str
     rule: str

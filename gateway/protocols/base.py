@@ -5,18 +5,18 @@ and has no branch on which it is."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from gateway.config import LimitsConfig
 from gateway.errors import GatewayError
 from gateway.pipeline.edits import Edits
+from gateway.value import value
 
 Api = Literal["chat", "completions", "embeddings", "messages", "responses", "tokenize", "detokenize"]
 """The client protocols, by name; each has one adapter (gateway/protocols/catalog.py)."""
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Inbound:
     """A client's request, parsed once and never changed: edits are a separate value (Edits)."""
 
@@ -50,7 +50,7 @@ class Inbound:
     to the backend that answered with that id, not to the balancer's choice."""
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Target:
     """Where one attempt goes on one engine, and whether the bytes pass through untouched."""
 

@@ -18,6 +18,7 @@ PURE_ELSEWHERE = [
     "gateway/protocols/sse.py",
     "gateway/errors.py",
     "gateway/config.py",
+    "gateway/value.py",
     "gateway/access/keys.py",
     "gateway/access/limiter.py",
     "gateway/protocols/frames.py",
@@ -48,7 +49,7 @@ IO_MODULES = {
 # policy/ may not read the environment, the clock or a random source either.
 POLICY_FORBIDDEN = IO_MODULES | {"datetime", "os", "random", "threading"}
 # Modules outside policy/ that policy may import: leaves that are pure themselves.
-POLICY_MAY_IMPORT = {"gateway.config", "gateway.errors", "engines.base", "engines.context_error"}
+POLICY_MAY_IMPORT = {"gateway.config", "gateway.errors", "gateway.value", "engines.base", "engines.context_error"}
 
 
 def _files(folder: str) -> list[str]:
