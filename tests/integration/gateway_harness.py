@@ -4,6 +4,7 @@ socket) in front of real engines, for the synchronous integration tests."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import socket
 import threading
@@ -155,10 +156,39 @@ def vllm_stops_when_left(
         with pytest.raises(TimeoutError):  # and over the next second nothing more is generated for it
             wait_for(lambda end=settled: generated() != end, timeout=1.0)
         return
-    raise AssertionError(f"vLLM generated all {max_tokens} tokens in each of {whole} tries: the stream was not cut")
+    raise EngineRanAhead(f"vLLM generated all {max_tokens} tokens in each of {whole} tries: the stream was not cut")
 
 
 _LEAVE_TRIES = 4
+_FRESH_SERVERS = 2
+
+
+class EngineRanAhead(AssertionError):
+    """Every try on one vLLM server ended with the whole answer generated."""
+
+
+def vllm_frees_when_left(
+    engine_launcher: Callable[..., Any],
+    data_for: Callable[[str], dict[str, Any]],
+    leave: Callable[[GatewayThread], object],
+    max_tokens: int,
+    **labels: str,
+) -> None:
+    """vllm_stops_when_left on a vLLM server of its own (4,096-token window, two sequences), behind
+    a gateway configured by `data_for(server_url)`. The servers that hand whole streams over do so
+    on every try (it is the server, not the try), so when one does, the witness is made once more
+    on a fresh server; a gateway that does not close the upstream fails on both."""
+    for fresh in range(_FRESH_SERVERS):
+        server = engine_launcher("vllm", max_model_len=4096, max_num_seqs=2)
+        try:
+            with running_gateway(data_for(server.base_url)) as gw:
+                vllm_stops_when_left(gw, server.metrics_url, functools.partial(leave, gw), max_tokens, **labels)
+            return
+        except EngineRanAhead:
+            if fresh == _FRESH_SERVERS - 1:
+                raise
+        finally:
+            server.stop()
 
 
 def leave_mid_stream(

@@ -17,7 +17,7 @@ from tests.integration.gateway_harness import (
     idle_within,
     leave_mid_stream,
     running_gateway,
-    vllm_stops_when_left,
+    vllm_frees_when_left,
     wait_for,
 )
 
@@ -243,13 +243,14 @@ def test_disconnect_frees_the_llamacpp_slot(gateway: GatewayThread, engine_launc
 def test_disconnect_frees_the_vllm_request(engine_launcher: Any) -> None:
     """A long context of its own, so that the generation outlasts the disconnect: 4,000 tokens take
     this engine seconds; the client leaves after three events, tens of milliseconds in."""
-    server = engine_launcher("vllm", max_model_len=4096, max_num_seqs=2)
-    data = {
-        "pools": {"p": {"engine": "vllm", "backends": [{"url": server.base_url, "model": "tiny"}]}},
-        "routes": [{"model": "long", "pools": ["p"]}],
-    }
-    with running_gateway(data) as gw:
-        vllm_stops_when_left(gw, server.metrics_url, lambda: stream_then_leave(gw, "long", 4000, lambda: True), 4000)
+
+    def data(url: str) -> dict[str, Any]:
+        return {
+            "pools": {"p": {"engine": "vllm", "backends": [{"url": url, "model": "tiny"}]}},
+            "routes": [{"model": "long", "pools": ["p"]}],
+        }
+
+    vllm_frees_when_left(engine_launcher, data, lambda gw: stream_then_leave(gw, "long", 4000, lambda: True), 4000)
 
 
 def test_gateway_reads_engine_load(gateway: GatewayThread) -> None:

@@ -19,7 +19,7 @@ from tests.integration.gateway_harness import (
     idle_within,
     leave_mid_stream,
     running_gateway,
-    vllm_stops_when_left,
+    vllm_frees_when_left,
     wait_for,
 )
 
@@ -159,12 +159,15 @@ def test_leaving_a_messages_stream_frees_the_llamacpp_slot(engine_launcher: Any)
 def test_leaving_a_messages_stream_frees_the_vllm_request(engine_launcher: Any) -> None:
     """As the chat test (test_real_engines.py). vLLM's Messages has no ignore_eos; greedy decoding
     of the random tiny model does not stop."""
-    server = engine_launcher("vllm", max_model_len=4096, max_num_seqs=2)
-    data = {
-        "keys": [{"name": "c", "key": KEY}],
-        "pools": {"p": {"engine": "vllm", "backends": [{"url": server.base_url, "model": "tiny"}]}},
-        "routes": [{"model": "long", "pools": ["p"]}],
-    }
-    with running_gateway(data) as gw:
-        leave = lambda: stream_then_leave(gw, "long", 4000, {"temperature": 0}, lambda: True)  # noqa: E731
-        vllm_stops_when_left(gw, server.metrics_url, leave, 4000, api="messages")
+
+    def data(url: str) -> dict[str, Any]:
+        return {
+            "keys": [{"name": "c", "key": KEY}],
+            "pools": {"p": {"engine": "vllm", "backends": [{"url": url, "model": "tiny"}]}},
+            "routes": [{"model": "long", "pools": ["p"]}],
+        }
+
+    def leave(gw: GatewayThread) -> None:
+        stream_then_leave(gw, "long", 4000, {"temperature": 0}, lambda: True)
+
+    vllm_frees_when_left(engine_launcher, data, leave, 4000, api="messages")

@@ -22,7 +22,7 @@ from tests.integration.gateway_harness import (
     idle_within,
     leave_mid_stream,
     running_gateway,
-    vllm_stops_when_left,
+    vllm_frees_when_left,
     wait_for,
 )
 
@@ -161,14 +161,14 @@ DELTA = b"response.output_text.delta"
 
 
 def test_leaving_a_responses_stream_frees_vllm(engine_launcher: Any) -> None:
-    server = engine_launcher("vllm", max_model_len=4096, max_num_seqs=2)
-    data = {
-        "pools": {"p": {"engine": "vllm", "backends": [{"url": server.base_url, "model": "tiny"}]}},
-        "routes": [{"model": "long", "pools": ["p"]}],
-    }
-    with running_gateway(data) as gw:
-        body = {"model": "long", "input": "go on", "max_output_tokens": 4000, "stream": True, "ignore_eos": True}
-        vllm_stops_when_left(gw, server.metrics_url, lambda: leave_mid_stream(gw, "/v1/responses", body, DELTA), 4000)
+    def data(url: str) -> dict[str, Any]:
+        return {
+            "pools": {"p": {"engine": "vllm", "backends": [{"url": url, "model": "tiny"}]}},
+            "routes": [{"model": "long", "pools": ["p"]}],
+        }
+
+    body = {"model": "long", "input": "go on", "max_output_tokens": 4000, "stream": True, "ignore_eos": True}
+    vllm_frees_when_left(engine_launcher, data, lambda gw: leave_mid_stream(gw, "/v1/responses", body, DELTA), 4000)
 
 
 def test_leaving_a_translated_responses_stream_frees_the_llamacpp_slot(engine_launcher: Any) -> None:
