@@ -55,7 +55,9 @@ class OpenAIProtocol:
         return apply_edits(inbound.body, edits, inbound.max_tokens_field, model, inbound.length_fields)
 
     def observer(self, inbound: Inbound, edits: Edits, target: Target) -> SseObserver:
-        return StreamObserver(strip_usage=edits.include_usage, text=self._kind == "completions")
+        return StreamObserver(
+            strip_usage=edits.include_usage, text=self._kind == "completions", tools=inbound.has_tools
+        )
 
     def stream_transform(self, inbound: Inbound, target: Target) -> StreamTransform | None:
         return None

@@ -27,17 +27,18 @@ _TAIL = 2
 """Events at the end of a read searched for [DONE] and the usage: they are a stream's last two."""
 
 
-def content_count(data: bytes, text: bool = False) -> int:
+def content_count(data: bytes, text: bool = False, tools: bool = True) -> int:
     """How many content events `data` (whole events) holds: non-empty content or reasoning and
-    tool-call deltas in a chat stream, non-empty text in a completions stream (`text`). An event
-    with two of them (rare) counts twice. Two or three byte passes over the read."""
+    (when the request offered `tools`) tool-call deltas in a chat stream, non-empty text in a
+    completions stream (`text`). An event with two of them (rare) counts twice. Two or three byte
+    passes over the read."""
     if text:
         n = data.count(_TEXT)
         return n - data.count(_TEXT_EMPTY) if n else 0
     n = data.count(_CHAT)
     if n:
         n -= data.count(_CHAT_EMPTY)
-    return n + data.count(_TOOL_CALLS)
+    return n + data.count(_TOOL_CALLS) if tools else n
 
 
 class StreamObserver:
@@ -54,6 +55,7 @@ class StreamObserver:
         "_crlf",
         "_strip_usage",
         "_text",
+        "_tools",
         "_whole",
         "content_events",
         "done",
@@ -66,12 +68,13 @@ class StreamObserver:
         "usage",
     )
 
-    def __init__(self, strip_usage: bool, whole_events: bool = False, text: bool = False) -> None:
+    def __init__(self, strip_usage: bool, whole_events: bool = False, text: bool = False, tools: bool = True) -> None:
         self._carry = b""
         self._crlf: bool | None = None
         self._strip_usage = strip_usage
         self._whole = strip_usage or whole_events
         self._text = text
+        self._tools = tools
         self.seen = False
         """A data event has come (comments such as `: ping` are not events)."""
         self.content_events = 0
@@ -144,7 +147,7 @@ class StreamObserver:
                 self.usage = usage
             if _NO_CHOICES in event:
                 drop = (start, stop)
-        found = content_count(data, self._text)
+        found = content_count(data, self._text, self._tools)
         if found:
             if self.first_token_at is None:
                 self.first_token_at = now

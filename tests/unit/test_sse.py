@@ -122,6 +122,15 @@ def test_a_chat_observer_counts_no_text_and_a_completions_one_no_content() -> No
     assert chat.content_events == 1 and completions.content_events == 1
 
 
+def test_tool_call_deltas_count_only_when_the_request_offered_tools() -> None:
+    """Without tools an engine sends no tool calls: that byte pass is skipped."""
+    tool = event({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{"}}]}}]})
+    with_tools, without = StreamObserver(strip_usage=False), StreamObserver(strip_usage=False, tools=False)
+    with_tools.feed(tool + chunk("a"), 1.0)
+    without.feed(tool + chunk("a"), 1.0)
+    assert with_tools.content_events == 2 and without.content_events == 1
+
+
 def test_completions_text_and_crlf() -> None:
     obs = StreamObserver(strip_usage=False, text=True)
     data = event({"choices": [{"text": "x", "index": 0}]}).replace(b"\n\n", b"\r\n\r\n") + b"data: [DONE]\r\n\r\n"
