@@ -118,10 +118,9 @@ class StreamObserver:
             if not (data.startswith(_DATA) or _LINE_DATA in data):
                 return None  # comments (": ping") and other fields only
             self.seen = True
-            if b'"error"' in data:
-                first = _first_data_event(data)
-                if b'"error"' in first and b'"choices"' not in first:
-                    self.error = _decode(first)
+            first = _first_data_event(data)  # an error comes as the stream's first event
+            if b'"error"' in first and b'"choices"' not in first:
+                self.error = _decode(first)
         tail = len(data) - 2
         for _ in range(_TAIL):
             tail = data.rfind(b"\n\n", 0, tail) if tail > 0 else -1

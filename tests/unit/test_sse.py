@@ -144,6 +144,14 @@ def test_first_event_error_is_seen() -> None:
     assert obs.error == {"error": {"message": "boom", "code": 400}}
 
 
+def test_an_error_later_in_the_first_read_is_not_the_leading_error() -> None:
+    """Only the stream's first event can be its leading error; an "error" word in a later event of the
+    same read (a content event quoting it) is content."""
+    obs = StreamObserver(strip_usage=False)
+    obs.feed(chunk("a") + event({"error": {"message": "late"}}), 1.0)
+    assert obs.error is None and obs.content_events == 1
+
+
 def test_stream_without_done_is_not_done() -> None:
     obs = StreamObserver(strip_usage=False)
     obs.feed(ROLE + chunk("a"), 1.0)
