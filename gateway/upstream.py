@@ -17,8 +17,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from gateway.config import TimeoutsConfig
+from gateway.deadlines import Deadlines
 from gateway.errors import GatewayError, UpstreamError, UpstreamTimeout
-from gateway.upstream_connection import BadResponse, ConnectionClosed, UpstreamConnection
+from gateway.upstream_connection import BadResponse, ConnectionClosed, TimedOut, UpstreamConnection
 from gateway.upstream_pool import ConnectionPool, Origin, split_url
 
 _NOT_SENT = frozenset({"host", "content-length", "transfer-encoding", "connection"})
@@ -43,10 +44,6 @@ class UpstreamTooLarge(UpstreamError):
     default_code = "response_too_large"
 
 
-class _HeadTimeout(Exception):
-    """The answer's head did not come within the first-byte limit."""
-
-
 def error_kind(exc: GatewayError) -> str:
     """The `kind` label of gateway_upstream_errors_total for a translated error."""
     if isinstance(exc, UpstreamConnectError):
@@ -60,7 +57,7 @@ def error_kind(exc: GatewayError) -> str:
 
 def translate(exc: BaseException, what: str) -> GatewayError:
     """Connection / OS errors -> GatewayError. Messages name the backend, never its URL."""
-    if isinstance(exc, _HeadTimeout | TimeoutError):
+    if isinstance(exc, TimedOut | TimeoutError):
         return UpstreamTimeout(f"Backend {what} did not respond in time.")
     if isinstance(exc, ConnectionClosed | ConnectionError):
         return UpstreamDisconnected(f"Backend {what} closed the connection.")
@@ -163,12 +160,15 @@ class UpstreamClient:
         self._timeouts = timeouts
         self._pool = ConnectionPool()
         self._urls: dict[str, tuple[Origin, str, str]] = {}
+        self._heads = Deadlines()
+        """The first-byte limit of each request waiting for its answer's head."""
         self.closed = False
 
     async def start(self) -> None:
         """Nothing to open ahead: connections are made on first use."""
 
     async def close(self) -> None:
+        self._heads.close()
         self._pool.close()
         self.closed = True
 
@@ -252,7 +252,7 @@ class UpstreamClient:
                 self._urls[url] = parts
         origin, host, path = parts
         head = _head(method, path, host, headers, body, what)
-        pool = self._pool
+        pool, heads = self._pool, self._heads
         loop = asyncio.get_running_loop()
         for _ in range(2):
             conn = pool.take(origin)
@@ -263,11 +263,11 @@ class UpstreamClient:
                         conn = await pool.connect(origin)
                 except (OSError, TimeoutError, ssl.SSLError) as exc:
                     raise connect_error(exc, what) from None
-            timer = loop.call_later(limit, conn.time_out, _HeadTimeout())
+            heads.add(conn, limit, conn.time_out, loop)
             try:
                 await conn.request(head, body or b"")
                 await conn.wait_head()
-            except (ConnectionClosed, BadResponse, OSError, _HeadTimeout) as exc:
+            except (ConnectionClosed, BadResponse, OSError, TimedOut) as exc:
                 conn.close()
                 if reused and isinstance(exc, ConnectionClosed) and not conn.received:
                     continue
@@ -276,7 +276,7 @@ class UpstreamClient:
                 conn.close()  # cancelled: the engine must not go on with it
                 raise
             finally:
-                timer.cancel()
+                heads.discard(conn)
             return UpstreamResponse(conn, pool, origin, what)
         raise UpstreamDisconnected(f"Backend {what} closed the connection.")
 

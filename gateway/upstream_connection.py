@@ -26,6 +26,10 @@ class ConnectionClosed(Exception):
     """The backend closed the connection (or it failed) before the answer was complete."""
 
 
+class TimedOut(Exception):
+    """The caller's limit for the answer's head passed (`time_out()`)."""
+
+
 class BadResponse(Exception):
     """The backend's bytes are not an HTTP/1.1 response."""
 
@@ -200,10 +204,10 @@ class UpstreamConnection(asyncio.Protocol):
         self.status = 0
         self.headers = {}
 
-    def time_out(self, exc: Exception) -> None:
-        """The caller's limit passed: fail the wait with exc and close (a timer calls this)."""
+    def time_out(self) -> None:
+        """The caller's limit passed: fail the wait with TimedOut and close (a deadline calls this)."""
         if not self.complete:
-            self._fail(exc)
+            self._fail(TimedOut("the backend did not answer in time"))
 
     def close(self) -> None:
         if self.transport is not None and not self.closed:

@@ -12,6 +12,7 @@ import time
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.asgi import ARRIVED, CLIENT_GONE, ClientGone
+from gateway.deadlines import Deadlines
 from gateway.errors import HeaderTooLarge
 from gateway.serving.cycle import GatewayCycle
 
@@ -24,6 +25,7 @@ def protocol_class(
     request_timeout_s: float, max_header_bytes: int = 64 * 1024, max_headers: int = 100
 ) -> type[HttpToolsProtocol]:
     """A protocol class with this deadline and these head limits, for uvicorn.Config(http=...)."""
+    idle = Deadlines()  # the keep-alive limit of every idle connection of this server, on one timer
 
     class GatewayProtocol(HttpToolsProtocol):
         _deadline: asyncio.TimerHandle | None = None
@@ -42,6 +44,7 @@ def protocol_class(
             self._arm()
 
         def data_received(self, data: bytes) -> None:
+            idle.discard(self)
             if self._refusal is not None:  # refused: drop what the client still sends, a while
                 self._discard_left -= len(data)
                 if self._discard_left < 0:
@@ -102,7 +105,22 @@ def protocol_class(
             else:
                 super().send_400_response(msg)
 
+        def on_response_complete(self) -> None:
+            """uvicorn's, but the keep-alive limit is a deadline on the server's one timer, not
+            a call_later (and its cancel on the next request) a response."""
+            self.server_state.total_requests += 1
+            if self.transport.is_closing():
+                return
+            self._unset_keepalive_if_required()
+            self.flow.resume_reading()
+            if self.pipeline:
+                cycle, app = self.pipeline.pop()
+                self._start_asgi_task(cycle, app)
+            else:
+                idle.add(self, self.timeout_keep_alive, self.timeout_keep_alive_handler, self.loop)
+
         def connection_lost(self, exc: Exception | None) -> None:
+            idle.discard(self)
             self._disarm()
             if self._linger is not None:
                 self._linger.cancel()
