@@ -55,12 +55,23 @@ class CapEnforcer:
         self._metrics = metrics
         self._timeout_s = count_timeout_s
         self.estimator = TokenEstimator()
+        self._sized: tuple[Mapping[str, Any], tuple[int, int, int, int]] | None = None
+        """The last view measured and its size: routing_estimate and apply measure the same view
+        one after the other (a request with many tools paid str(tools) twice)."""
+
+    def _size(self, view: Mapping[str, Any]) -> tuple[int, int, int, int]:
+        sized = self._sized
+        if sized is not None and sized[0] is view:
+            return sized[1]
+        size = prompt_size(view)
+        self._sized = (view, size)
+        return size
 
     def routing_estimate(self, route: RouteConfig, inbound: Inbound, view: Mapping[str, Any] | None) -> int:
         """The prompt-token estimate that prompt-size rules see, before a backend is chosen."""
         if view is None:
             return 0
-        chars, messages, known, wide = prompt_size(view)
+        chars, messages, known, wide = self._size(view)
         key = (route.label, route.upstream_model or inbound.model)
         return self.estimator.estimate(key, chars, messages, known + wide)
 
@@ -78,7 +89,7 @@ class CapEnforcer:
         if view is None:
             return NO_EDITS, NO_PROMPT
         caps = route.caps
-        chars, messages, known, wide = prompt_size(view)
+        chars, messages, known, wide = self._size(view)
         model = model or backend.model or route.upstream_model or inbound.model
         key = (route.label, model)
         estimate = self.estimator.estimate(key, chars, messages, known + wide)
