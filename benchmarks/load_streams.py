@@ -10,8 +10,8 @@ the queue, limits.max_queue, or gets 429), so the pool takes 2 x that at once.
 The client opens --streams streamed chat completions over --ramp-s seconds, each on its own connection,
 each asking for --tokens tokens, and reads every one to its end. A stream is ok when it is a 200 that
 ends with [DONE] after --tokens content chunks. Readings after: 3 s (the clients have gone; the
-gateway's upstream pool still keeps idle keep-alive connections) and 23 s (past aiohttp's 15 s
-keep-alive, so they are closed too). --rounds runs it again in the same gateway process: a second
+gateway's upstream pool still keeps idle keep-alive connections) and 23 s (past the pool's 15 s idle
+limit, swept every 5 s, so they are closed too). --rounds runs it again in the same gateway process: a second
 round that ends where the first did is a plateau, not a leak. It stops by itself: every stream ends after
 ~tokens x step-s, and the whole run is bounded by --timeout-s.
 

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import random
 import socket
 import time
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 
@@ -231,6 +233,32 @@ async def test_an_answer_with_connection_close_is_not_reused() -> None:
             assert await resp.read(2.0, 1000) == b"hello"
             resp.release()
         assert backend.connections == 2
+
+
+async def test_a_closed_connection_is_freed_without_the_cycle_collector() -> None:
+    """The gateway runs full collections minutes apart (serving/server.py tune_gc): a closed
+    connection left in a reference cycle (it and its parser) held ~4 KiB a stream until then."""
+
+    async def close_after(peer: Peer) -> None:
+        await peer.request()
+        await peer.send(ok(extra=b"connection: close\r\n"))
+        await peer.wait_eof()
+
+    gc.disable()
+    try:
+        async with serve(close_after) as (backend, client):
+            resp = await client.post(f"{backend.url}/v1/x", BODY, {}, "b1")
+            assert await resp.read(2.0, 1000) == b"hello"
+            gone = weakref.ref(resp._conn)
+            resp.release()  # not reusable: closed
+            del resp
+            for _ in range(20):
+                await asyncio.sleep(0.01)
+                if gone() is None:
+                    break
+            assert gone() is None
+    finally:
+        gc.enable()
 
 
 @pytest.mark.parametrize("how", ["readany", "read"])
