@@ -1,4 +1,4 @@
-"""create_app(config): the one composition root. Every long-lived object (the aiohttp session,
+"""create_app(config): the one composition root. Every long-lived object (the upstream client,
 the registry, the metrics, background tasks) is built here and lives in lifespan, not globals;
 reload(config) builds the next one and swaps it in."""
 

@@ -68,7 +68,7 @@ def translate(exc: BaseException, what: str) -> GatewayError:
 
 def connect_error(exc: BaseException, what: str) -> GatewayError:
     """A failure to open a connection: nothing was sent."""
-    if isinstance(exc, TimeoutError | OSError | socket.gaierror | ssl.SSLError):
+    if isinstance(exc, TimeoutError | OSError | socket.gaierror | ssl.SSLError | UnicodeError):
         return UpstreamConnectError(f"Could not connect to backend {what}.")
     return UpstreamError(f"Backend {what} failed: {type(exc).__name__}.")
 
@@ -112,9 +112,12 @@ class UpstreamResponse:
                         conn.close()
                         raise UpstreamTooLarge(f"Backend {self._what} sent a response larger than {max_bytes} bytes.")
                     parts.append(chunk)
-        except (ConnectionClosed, BadResponse, OSError, TimeoutError) as exc:
+        except (ConnectionClosed, BadResponse, TimedOut, OSError, TimeoutError) as exc:
             conn.close()
             raise translate(exc, self._what) from None
+        except BaseException:
+            conn.close()  # cancelled (the client left, the idle or drain limit): the engine must stop
+            raise
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def unread(self) -> bool:
@@ -131,7 +134,7 @@ class UpstreamResponse:
             while size < max_bytes and (chunk := await conn.read_chunk()):
                 parts.append(chunk)
                 size += len(chunk)
-        except (ConnectionClosed, BadResponse, OSError):
+        except (ConnectionClosed, BadResponse, TimedOut, OSError):
             pass
         finally:
             conn.close()
@@ -141,7 +144,7 @@ class UpstreamResponse:
         """The next chunk of a stream; b"" at its end."""
         try:
             return await self._conn.read_chunk()
-        except (ConnectionClosed, BadResponse, OSError) as exc:
+        except (ConnectionClosed, BadResponse, TimedOut, OSError) as exc:
             raise translate(exc, self._what) from None
 
     def release(self) -> None:
@@ -230,7 +233,7 @@ class UpstreamClient:
                 resp.close()  # timed out, failed or cancelled in the body: never back to the pool
             if isinstance(exc, TimeoutError):
                 raise UpstreamTimeout(f"Backend {what} did not respond in time.") from None
-            if isinstance(exc, ConnectionClosed | BadResponse | OSError):
+            if isinstance(exc, ConnectionClosed | BadResponse | TimedOut | OSError):
                 raise translate(exc, what) from None
             raise
         resp.release()
@@ -254,14 +257,14 @@ class UpstreamClient:
         head = _head(method, path, host, headers, body, what)
         pool, heads = self._pool, self._heads
         loop = asyncio.get_running_loop()
-        for _ in range(2):
-            conn = pool.take(origin)
+        for attempt in range(2):
+            conn = pool.take(origin) if attempt == 0 else None  # the retry: a new connection
             reused = conn is not None
             if conn is None:
                 try:
                     async with asyncio.timeout(self._timeouts.connect_s):
                         conn = await pool.connect(origin)
-                except (OSError, TimeoutError, ssl.SSLError) as exc:
+                except (OSError, TimeoutError, ssl.SSLError, UnicodeError) as exc:  # UnicodeError: IDNA
                     raise connect_error(exc, what) from None
             heads.add(conn, limit, conn.time_out, loop)
             try:

@@ -16,10 +16,9 @@ from typing import cast
 import httptools
 
 HIGH_WATER = 256 * 1024
-"""Unread body bytes at which the connection stops reading from the socket (and LOW_WATER at which
-it reads again), so that a slow client holds the backend up through TCP rather than the gateway's
-memory (aiohttp's StreamReader did the same at 128 KiB)."""
-LOW_WATER = 64 * 1024
+"""Unread body bytes at which the connection stops reading from the socket (it reads again once the
+reader has taken them), so that a slow client holds the backend up through TCP rather than the
+gateway's memory (aiohttp's StreamReader did the same at 128 KiB)."""
 
 
 class ConnectionClosed(Exception):
@@ -168,7 +167,7 @@ class UpstreamConnection(asyncio.Protocol):
                 transport.write(body)
         if self._drain is not None and not self._drain.done():
             await self._drain
-            if self.closed and self.error is not None:
+            if self.error is not None:
                 raise self.error
 
     async def wait_head(self) -> None:
@@ -213,8 +212,9 @@ class UpstreamConnection(asyncio.Protocol):
         self.headers = {}
 
     def time_out(self) -> None:
-        """The caller's limit passed: fail the wait with TimedOut and close (a deadline calls this)."""
-        if not self.complete:
+        """The head-wait limit passed: fail the wait with TimedOut and drop the connection (a
+        deadline calls this; a head that came in the same loop turn wins)."""
+        if not self._head_done:
             self._fail(TimedOut("the backend did not answer in time"))
 
     def close(self) -> None:
@@ -237,6 +237,12 @@ class UpstreamConnection(asyncio.Protocol):
             waiter.set_result(None)
 
     def _fail(self, exc: Exception) -> None:
+        """Fail whatever waits with exc and drop the connection at once: abort, not close, which
+        would wait for a write buffer the backend may never read."""
         self.error = exc
-        self.close()
+        if self.transport is not None and not self.closed:
+            self.transport.abort()
+        self.closed = True
         self._wake()
+        if self._drain is not None and not self._drain.done():
+            self._drain.set_result(None)

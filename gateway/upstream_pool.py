@@ -56,7 +56,9 @@ class ConnectionPool:
             while idle:
                 conn = idle.pop()
                 conn.on_lost = None
-                if not conn.closed and now - conn.idle_since < IDLE_S:
+                # Bytes that came while it sat idle (a stray answer, a 408 before a close) would
+                # be read as the next answer's: such a connection is closed, not reused.
+                if not conn.closed and not conn.received and now - conn.idle_since < IDLE_S:
                     conn.reset()
                     return conn
                 conn.close()
@@ -71,6 +73,7 @@ class ConnectionPool:
         if idle is None:
             idle = self._idle[origin] = []
         conn.idle_since = time.monotonic()
+        conn.received = False
         conn.on_lost = idle
         idle.append(conn)
         if self._sweeper is None:

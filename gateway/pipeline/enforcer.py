@@ -90,6 +90,7 @@ class CapEnforcer:
             return NO_EDITS, NO_PROMPT
         caps = route.caps
         chars, messages, known, wide = self._size(view)
+        self._sized = None  # its last use: the memo does not keep this body alive
         model = model or backend.model or route.upstream_model or inbound.model
         key = (route.label, model)
         estimate = self.estimator.estimate(key, chars, messages, known + wide)

@@ -184,8 +184,9 @@ class Relay:
                 await self._start_stream(ex, send)
             if transform is not None:
                 out = transform.feed(out)
-            if out:
-                await send({"type": "http.response.body", "body": out, "more_body": True})
+            # Also when empty (a first read that holds no whole event yet): the server writes the
+            # head with the first body message (serving/cycle.py), and the client gets it now.
+            await send({"type": "http.response.body", "body": out, "more_body": True})
             relay_s += clock() - t0
             chunks += 1
             watch.last = loop.time()
@@ -217,7 +218,7 @@ class Relay:
         except StreamCut as cut:
             resp.close()
             await self.cut(ex, send, protocol, cut)
-        except (UpstreamError, UpstreamTimeout) as exc:  # a read failed mid-stream (upstream.py mapped aiohttp's error)
+        except (UpstreamError, UpstreamTimeout) as exc:  # a read failed mid-stream (mapped in upstream.py)
             resp.close()
             await self.cut(ex, send, protocol, StreamCut("upstream_error_midstream", exc.message))
         except BaseException:  # cancelled (client left, idle, drain) or a bug: stop the engine's work

@@ -92,8 +92,8 @@ class StreamObserver:
 
     def feed(self, chunk: bytes, now: float) -> bytes:
         data = self._carry + chunk if self._carry else chunk
-        if self._crlf is None:  # an engine ends its lines one way: the first read tells which
-            self._crlf = b"\r" in data
+        if self._crlf is None and b"\n" in data:  # an engine ends lines one way: the first one tells
+            self._crlf = b"\r\n" in data
         if self._crlf:
             data = data.replace(b"\r\n", b"\n")
         end = data.rfind(b"\n\n")
@@ -132,6 +132,8 @@ class StreamObserver:
         ):
             self.done = True
         drop = None
+        if self.done and self.usage is None:
+            start_tail = 0  # the end, and no usage yet: a comment may stand between it and [DONE]
         at = data.rfind(_NO_CHOICES, start_tail)  # the usage-only event, last but [DONE]
         if at < 0:
             at = data.rfind(_USAGE, start_tail)  # usage on a content event (some engines)

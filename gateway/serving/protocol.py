@@ -44,7 +44,6 @@ def protocol_class(
             self._arm()
 
         def data_received(self, data: bytes) -> None:
-            idle.discard(self)
             if self._refusal is not None:  # refused: drop what the client still sends, a while
                 self._discard_left -= len(data)
                 if self._discard_left < 0:
@@ -67,6 +66,7 @@ def protocol_class(
                 self._arm()  # the request goes on past this read: now it needs its deadline
 
         def on_message_begin(self) -> None:
+            idle.discard(self)  # a request begins: not idle (bytes alone, a stray CRLF, are not one)
             super().on_message_begin()
             # The request's arrival, for its clock (TTFT, duration): its first byte parsed, not the
             # moment its task first runs, which under load waits behind other streams' relays.
@@ -98,6 +98,11 @@ def protocol_class(
             self._disarm()
             self._in_head, self._head_bytes = True, 0
             super().on_message_complete()
+            # uvicorn stops reading past 64 KiB of unread body and reads again only in receive();
+            # the gateway does not call receive() once it has the body (the disconnect hook
+            # replaced that listener), so read again here, or a client's close after a large
+            # body would never be seen. A pipelined request that comes is queued, as uvicorn does.
+            self.flow.resume_reading()
 
         def send_400_response(self, msg: str) -> None:
             if self._refusal is not None:

@@ -61,6 +61,19 @@ async def test_leave_during_non_stream_generation(make_stack: StackFactory) -> N
     await stack.wait_metric("gateway_client_disconnects_total", 1, stage="non_stream")
 
 
+async def test_leave_after_a_large_body_while_waiting_for_first_byte(make_stack: StackFactory) -> None:
+    """A body over uvicorn's 64 KiB read-ahead: the server had stopped reading the socket, and with no
+    listener calling receive() the client's close was never seen (the engine went on)."""
+    stack = await make_stack()
+    body = chat(stream=True, pad="x" * 300_000)  # a field the gateway passes on and the engine ignores
+    task = asyncio.create_task(leave_after(stack, body, 0, "headers_delay=5"))
+    sim = stack.sims["vllm-0"]
+    await sim.wait_until(lambda s: s.active == 1, timeout=2)
+    await task
+    await wait_aborted(stack)
+    await stack.wait_metric("gateway_client_disconnects_total", 1, stage="waiting_first_byte")
+
+
 async def test_leave_before_the_body_is_sent(make_stack: StackFactory) -> None:
     stack = await make_stack()
     host, port = stack.base_url.removeprefix("http://").split(":")

@@ -37,3 +37,18 @@ async def test_an_idle_kept_alive_connection_is_closed_at_the_limit(make_stack: 
     waited = time.monotonic() - done
     assert 0.99 <= waited < 1.6, waited
     writer.close()
+
+
+async def test_a_stray_line_end_does_not_keep_an_idle_connection_open(make_stack: StackFactory) -> None:
+    """Bytes that begin no request (a CRLF, which HTTP parsers skip) do not clear the keep-alive limit."""
+    stack = await make_stack()
+    stack.server.config.timeout_keep_alive = 1
+    reader, writer = await raw_request(stack.base_url, "/v1/chat/completions", json.dumps(chat(max_tokens=2)).encode())
+    assert b" 200 " in (await read_response(reader)).split(b"\r\n", 1)[0]
+    await asyncio.sleep(0.3)
+    writer.write(b"\r\n")
+    done = time.monotonic()
+    async with asyncio.timeout(3):
+        assert await reader.read(1) == b""
+    assert time.monotonic() - done < 1.2
+    writer.close()

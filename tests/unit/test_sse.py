@@ -175,3 +175,18 @@ def test_whole_events_mode_keeps_every_event_and_cuts_none() -> None:
     assert b"".join(out) + obs.flush() == stream
     assert all(piece == b"" or piece.endswith(b"\n\n") for piece in out)
     assert obs.done and obs.usage == {"prompt_tokens": 3, "completion_tokens": 1} and obs.content_events == 1
+
+
+def test_a_crlf_stream_whose_first_read_ends_before_its_first_line_end() -> None:
+    """The line ending is decided on the first read that holds one, not on a first read cut short."""
+    data = (chunk("a") + chunk("b") + DONE).replace(b"\n", b"\r\n")
+    obs = StreamObserver(strip_usage=False, whole_events=True)
+    out = obs.feed(data[:10], 1.0) + obs.feed(data[10:], 2.0) + obs.flush()
+    assert obs.done and obs.content_events == 2 and out.count(b"data: ") == 3
+
+
+def test_usage_is_found_when_a_comment_stands_between_it_and_done() -> None:
+    obs = StreamObserver(strip_usage=True)
+    out = obs.feed(ROLE + chunk("a") + USAGE + b": ping\n\n" + DONE, 1.0)
+    assert obs.done and obs.usage == {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
+    assert b'"usage"' not in out  # the injected usage event is still dropped

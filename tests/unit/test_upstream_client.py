@@ -235,6 +235,101 @@ async def test_an_answer_with_connection_close_is_not_reused() -> None:
         assert backend.connections == 2
 
 
+async def test_a_cancelled_body_read_closes_its_connection() -> None:
+    """The client left (or a limit passed) while a non-stream answer was still coming: the backend
+    must see its connection closed, so that the engine stops."""
+
+    async def slow(peer: Peer) -> None:
+        await peer.request()
+        await peer.send(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n0123456789")
+        await peer.wait_eof()
+
+    async with serve(slow) as (backend, client):
+        resp = await client.post(f"{backend.url}/v1/x", BODY, {}, "b1")
+        task = asyncio.create_task(resp.read(5.0, 1000))
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        async with asyncio.timeout(1):
+            await backend.eof.wait()
+
+
+async def test_the_first_byte_limit_ends_a_request_whose_body_the_backend_never_reads() -> None:
+    """A write that waits for a backend which does not read: the limit still ends it (a graceful
+    close would wait for the write buffer for ever)."""
+
+    async def deaf(peer: Peer) -> None:
+        await asyncio.sleep(10)  # accepts, never reads
+
+    async with serve(deaf) as (backend, client):
+        started = time.monotonic()
+        with pytest.raises(UpstreamTimeout):
+            await client.post(f"{backend.url}/v1/x", b"x" * (64 * MiB), {}, "b1", first_byte_s=0.3)
+        assert time.monotonic() - started < 2.0
+
+
+async def test_a_head_that_arrives_as_the_limit_passes_wins() -> None:
+    """The deadline's callback and the head in one loop turn: the answer is read, not failed with
+    an error the callers do not map."""
+
+    async def head_then_body(peer: Peer) -> None:
+        await peer.request()
+        await peer.send(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n")
+        await asyncio.sleep(0.05)
+        await peer.send(b"hello")
+        await peer.wait_eof()
+
+    async with serve(head_then_body) as (backend, client):
+        resp = await client.post(f"{backend.url}/v1/x", BODY, {}, "b1")
+        resp._conn.time_out()  # as if the deadline fired right after the head came
+        assert await resp.read(2.0, 1000) == b"hello"
+
+
+async def test_bytes_that_came_while_a_connection_was_idle_are_never_read_as_the_next_answer() -> None:
+    async def stray(peer: Peer) -> None:
+        if peer.index > 0:
+            await keep_alive(peer)
+            return
+        await peer.request()
+        await peer.send(ok(b"first"))
+        await asyncio.sleep(0.05)
+        await peer.send(ok(b"stale"))  # an answer nobody asked for, on the idle connection
+        await keep_alive(peer)
+
+    async with serve(stray) as (backend, client):
+        resp = await client.post(f"{backend.url}/v1/x", BODY, {}, "b1")
+        assert await resp.read(2.0, 1000) == b"first"
+        resp.release()
+        await asyncio.sleep(0.15)
+        resp = await client.post(f"{backend.url}/v1/x", BODY, {}, "b1")
+        assert await resp.read(2.0, 1000) == b"hello"
+        resp.release()
+        assert backend.connections == 2  # the tainted one was closed, not reused
+
+
+async def test_the_retry_of_a_stale_connection_goes_on_a_new_one_even_with_more_idle() -> None:
+    """Two pooled connections both closed by the backend as the requests went: the retry does not
+    take the second stale one from the pool."""
+
+    async def stale(peer: Peer) -> None:
+        if peer.index < 2:
+            await peer.request()
+            await peer.send(ok())
+            await peer.request()
+            return  # closes without answering the second request
+        await keep_alive(peer)
+
+    async with serve(stale) as (backend, client):
+        first = await asyncio.gather(*(client.post(f"{backend.url}/v1/x", BODY, {}, "b1") for _ in range(2)))
+        for resp in first:
+            assert await resp.read(2.0, 1000) == b"hello"
+            resp.release()
+        resp = await client.post(f"{backend.url}/v1/x", BODY, {}, "b1")
+        assert await resp.read(2.0, 1000) == b"hello"
+        assert backend.connections == 3
+
+
 async def test_a_closed_connection_is_freed_without_the_cycle_collector() -> None:
     """The gateway runs full collections minutes apart (serving/server.py tune_gc): a closed
     connection left in a reference cycle (it and its parser) held ~4 KiB a stream until then."""
