@@ -48,9 +48,10 @@ class _Connection:
 
 def _install(completion: bytes, stream: bytes) -> None:
     from gateway import upstream
+    from gateway.upstream_pool import ConnectionPool
 
     chunks = [stream[i : i + 4096] for i in range(0, len(stream), 4096)]
-    pool = upstream.ConnectionPool()
+    pool = ConnectionPool()
     origin = ("http", "127.0.0.1", 9)
 
     async def send(self: Any, method: str, url: str, body: Any, headers: Any, what: str, limit: float) -> Any:
