@@ -92,8 +92,10 @@ class StreamObserver:
 
     def feed(self, chunk: bytes, now: float) -> bytes:
         data = self._carry + chunk if self._carry else chunk
-        if self._crlf is None and b"\n" in data:  # an engine ends lines one way: the first one tells
-            self._crlf = b"\r\n" in data
+        if self._crlf is None:  # an engine ends lines one way: the first line end tells which
+            first = data.find(b"\n")  # memchr; a two-byte search would scan a long first read
+            if first >= 0:
+                self._crlf = first > 0 and data[first - 1] == 0x0D
         if self._crlf:
             data = data.replace(b"\r\n", b"\n")
         end = data.rfind(b"\n\n")
@@ -132,11 +134,14 @@ class StreamObserver:
         ):
             self.done = True
         drop = None
-        if self.done and self.usage is None:
-            start_tail = 0  # the end, and no usage yet: a comment may stand between it and [DONE]
         at = data.rfind(_NO_CHOICES, start_tail)  # the usage-only event, last but [DONE]
         if at < 0:
             at = data.rfind(_USAGE, start_tail)  # usage on a content event (some engines)
+        if at < 0 and self.done and self.usage is None and start_tail > 0:
+            # The end, and no usage in the last two events: a comment may stand before [DONE].
+            at = data.rfind(_NO_CHOICES)
+            if at < 0:
+                at = data.rfind(_USAGE)
         if at >= 0:
             sep = data.rfind(b"\n\n", 0, at)
             start = sep + 2 if sep >= 0 else 0
