@@ -15,7 +15,7 @@ import random
 import socket
 import time
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import pytest
@@ -24,6 +24,7 @@ from gateway.config import TimeoutsConfig
 from gateway.errors import UpstreamError, UpstreamTimeout
 from gateway.upstream import UpstreamClient, UpstreamConnectError, UpstreamDisconnected, UpstreamTooLarge
 from gateway.upstream_connection import HIGH_WATER
+from tests.unit.raw_server import RawServer, serving
 
 pytestmark = pytest.mark.unit
 
@@ -82,75 +83,37 @@ class Peer:
 Handler = Callable[[Peer], Awaitable[None]]
 
 
-class Backend:
+class Backend(RawServer):
     """A raw-bytes HTTP backend on 127.0.0.1: `handler` runs once per accepted connection."""
 
     def __init__(self, handler: Handler) -> None:
+        super().__init__()
         self.handler = handler
-        self.connections = 0
         self.requests: list[tuple[int, bytes]] = []
         """(connection index, request bytes) in the order they were read."""
         self.eof = asyncio.Event()
         self.eof_at = 0.0
-        self.errors: list[BaseException] = []
-        self._writers: list[asyncio.StreamWriter] = []
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._server: asyncio.Server | None = None
         self.url = ""
-        self.port = 0
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
+        await self.listen()
         self.url = f"http://127.0.0.1:{self.port}"
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self._tasks.add(task)
-        self._writers.append(writer)
-        index = self.connections
-        self.connections += 1
-        try:
-            await self.handler(Peer(self, reader, writer, index))
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass  # the client went away: the handler's loop ends
-        except asyncio.CancelledError:
-            pass  # stop() ends a handler still waiting (asyncio logs a task that ends cancelled)
-        except BaseException as exc:  # a failed assertion in a handler fails the test at stop()
-            self.errors.append(exc)
-        finally:
-            writer.close()
-
-    async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-        for writer in self._writers:
-            writer.close()
-        current = asyncio.current_task()
-        tasks = [task for task in self._tasks if task is not current and not task.done()]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        if self._server is not None:
-            await self._server.wait_closed()
-        await asyncio.sleep(0)  # let the closed transports finish closing
-        assert not self.errors, self.errors
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int) -> None:
+        await self.handler(Peer(self, reader, writer, index))
 
 
-@contextlib.asynccontextmanager
-async def serve(handler: Handler) -> AsyncIterator[tuple[Backend, UpstreamClient]]:
+def serve(handler: Handler) -> contextlib.AbstractAsyncContextManager[tuple[Backend, UpstreamClient]]:
     """A started backend and a client, both closed after; the whole test within 5 s."""
-    async with asyncio.timeout(5):
-        backend = Backend(handler)
-        await backend.start()
-        client = UpstreamClient(TimeoutsConfig(connect_s=2.0, first_byte_s=5.0))
-        await client.start()
-        try:
-            yield backend, client
-        finally:
-            await client.close()
-            await backend.stop()
+    return serving(Backend(handler), first_byte_s=5.0)
+
+
+async def answer(client: UpstreamClient, backend: Backend) -> bytes:
+    """One whole request and answer, the connection back to the pool."""
+    resp = await client.post(f"{backend.url}/v1/x", BODY, {}, "b1")
+    body = await resp.read(2.0, 1000)
+    resp.release()
+    return body
 
 
 async def keep_alive(peer: Peer) -> None:
@@ -229,9 +192,7 @@ async def test_an_answer_with_connection_close_is_not_reused() -> None:
 
     async with serve(close_after) as (backend, client):
         for _ in range(2):
-            resp = await client.post(f"{backend.url}/v1/x", BODY, {}, "b1")
-            assert await resp.read(2.0, 1000) == b"hello"
-            resp.release()
+            assert await answer(client, backend) == b"hello"
         assert backend.connections == 2
 
 
@@ -302,9 +263,7 @@ async def test_bytes_that_came_while_a_connection_was_idle_are_never_read_as_the
         assert await resp.read(2.0, 1000) == b"first"
         resp.release()
         await asyncio.sleep(0.15)
-        resp = await client.post(f"{backend.url}/v1/x", BODY, {}, "b1")
-        assert await resp.read(2.0, 1000) == b"hello"
-        resp.release()
+        assert await answer(client, backend) == b"hello"
         assert backend.connections == 2  # the tainted one was closed, not reused
 
 
@@ -485,9 +444,7 @@ async def test_a_pooled_connection_the_backend_closed_while_idle_is_not_used() -
         await keep_alive(peer)
 
     async with serve(once) as (backend, client):
-        resp = await client.post(f"{backend.url}/v1/x", BODY, {}, "b1")
-        assert await resp.read(2.0, 1000) == b"hello"
-        resp.release()
+        assert await answer(client, backend) == b"hello"
         await asyncio.sleep(0.1)
         assert not any(client._pool._idle.values())  # it left the pool when the backend closed it
         resp = await client.post(f"{backend.url}/v1/x", BODY, {}, "b1")
@@ -527,9 +484,7 @@ async def test_a_pooled_connection_closed_as_the_request_went_is_retried_on_a_ne
         await keep_alive(peer)
 
     async with serve(stale) as (backend, client):
-        resp = await client.post(f"{backend.url}/v1/x", BODY, {}, "b1")
-        assert await resp.read(2.0, 1000) == b"hello"
-        resp.release()
+        assert await answer(client, backend) == b"hello"
         resp = await client.post(f"{backend.url}/v1/x", b'{"second": 1}', {}, "b1")
         assert resp.status == 200 and await resp.read(2.0, 1000) == b"hello"
         resp.release()
@@ -547,9 +502,7 @@ async def test_a_retry_is_made_once_and_never_for_a_fresh_connection() -> None:
         # every other request: the connection is closed without an answer
 
     async with serve(stale) as (backend, client):
-        resp = await client.post(f"{backend.url}/v1/x", BODY, {}, "b1")
-        assert await resp.read(2.0, 1000) == b"hello"
-        resp.release()
+        assert await answer(client, backend) == b"hello"
         with pytest.raises(UpstreamDisconnected):
             await client.post(f"{backend.url}/v1/x", BODY, {}, "b1")
         assert backend.connections == 2  # the pooled one, then one retry on a new one
@@ -679,9 +632,7 @@ async def test_a_reader_that_does_not_read_holds_the_backend_up() -> None:
         assert await resp.read(5.0, 4 * MiB) == payload
         assert not resp.unread()
         resp.release()
-        resp = await client.post(f"{backend.url}/v1/x", BODY, {}, "b1")
-        assert await resp.read(2.0, 1000) == b"hello"
-        resp.release()
+        assert await answer(client, backend) == b"hello"
         assert backend.connections == 1
 
 
@@ -705,9 +656,7 @@ async def test_closing_an_unfinished_stream_closes_its_connection_at_once() -> N
         await asyncio.wait_for(backend.eof.wait(), 1.0)
         assert backend.eof_at - closed_at < 1.0
         resp.release()  # harmless after close: it must not go back to the pool
-        resp = await client.post(f"{backend.url}/v1/x", BODY, {}, "b1")
-        assert await resp.read(2.0, 1000) == b"hello"
-        resp.release()
+        assert await answer(client, backend) == b"hello"
         assert backend.connections == 2
 
 

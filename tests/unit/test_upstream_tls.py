@@ -16,14 +16,14 @@ import secrets
 import shutil
 import ssl
 import subprocess
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gateway.config import TimeoutsConfig
 from gateway.upstream import UpstreamClient, UpstreamConnectError, error_kind
+from tests.unit.raw_server import RawServer, serving
 
 pytestmark = pytest.mark.unit
 
@@ -174,26 +174,23 @@ def ok(body: bytes = ANSWER) -> bytes:
     return head + body
 
 
-class TlsBackend:
+class TlsBackend(RawServer):
     """An HTTP/1.1 backend on 127.0.0.1 that speaks only TLS and answers every request with ok()."""
 
+    quiet = (*RawServer.quiet, ssl.SSLError)  # the client ended TLS
+    settle = 3  # closed TLS transports take a few loop turns
+
     def __init__(self, cert: Path, key: Path) -> None:
+        super().__init__()
         self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self.context.load_cert_chain(cert, key)
         self.context.sni_callback = self._on_hello
         self.hellos: list[str | None] = []
         """The server name (SNI) of every TLS ClientHello, None where the client sent none; a
         handshake the client then rejects is counted here and not in `connections`."""
-        self.connections = 0
-        """TLS connections whose handshake completed."""
         self.tls_versions: list[str | None] = []
         self.requests: list[tuple[int, bytes]] = []
         """(connection index, request bytes) in the order they were read."""
-        self.errors: list[BaseException] = []
-        self._writers: list[asyncio.StreamWriter] = []
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._server: asyncio.Server | None = None
-        self.port = 0
 
     def _on_hello(self, sslobj: ssl.SSLObject | ssl.SSLSocket, name: str | None, context: ssl.SSLContext) -> None:
         self.hellos.append(name)
@@ -202,70 +199,28 @@ class TlsBackend:
         return f"https://{host}:{self.port}{path}"
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=self.context)
-        self.port = self._server.sockets[0].getsockname()[1]
+        await self.listen(self.context)
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self._tasks.add(task)
-        self._writers.append(writer)
-        index = self.connections
-        self.connections += 1
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int) -> None:
         ssl_object = writer.get_extra_info("ssl_object")
         self.tls_versions.append(ssl_object.version() if ssl_object is not None else None)
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = 0
-                for line in head.split(b"\r\n")[1:]:
-                    name, _, value = line.partition(b":")
-                    if name.strip().lower() == b"content-length":
-                        length = int(value)
-                body = await reader.readexactly(length) if length else b""
-                self.requests.append((index, head + body))
-                writer.write(ok())
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError):
-            pass  # the client went away (or ended TLS): the loop ends
-        except asyncio.CancelledError:
-            pass  # stop() ends a handler still waiting
-        except BaseException as exc:  # a failure in the handler fails the test at stop()
-            self.errors.append(exc)
-        finally:
-            writer.close()
-
-    async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-        for writer in self._writers:
-            writer.close()
-        current = asyncio.current_task()
-        tasks = [task for task in self._tasks if task is not current and not task.done()]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        if self._server is not None:
-            await self._server.wait_closed()
-        for _ in range(3):
-            await asyncio.sleep(0)  # let the closed TLS transports finish closing
-        assert not self.errors, self.errors
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = 0
+            for line in head.split(b"\r\n")[1:]:
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"content-length":
+                    length = int(value)
+            body = await reader.readexactly(length) if length else b""
+            self.requests.append((index, head + body))
+            writer.write(ok())
+            await writer.drain()
 
 
-@contextlib.asynccontextmanager
-async def serve(cert: Path, key: Path) -> AsyncIterator[tuple[TlsBackend, UpstreamClient]]:
+def serve(cert: Path, key: Path) -> contextlib.AbstractAsyncContextManager[tuple[TlsBackend, UpstreamClient]]:
     """A started TLS backend and a fresh client (so a fresh default SSL context, made at its first
     https connection), both closed after; the whole test within 5 s."""
-    async with asyncio.timeout(5):
-        backend = TlsBackend(cert, key)
-        await backend.start()
-        client = UpstreamClient(TimeoutsConfig(connect_s=2.0, first_byte_s=3.0))
-        await client.start()
-        try:
-            yield backend, client
-        finally:
-            await client.close()
-            await backend.stop()
+    return serving(TlsBackend(cert, key), first_byte_s=3.0)
 
 
 def headers_of(request: bytes) -> list[tuple[str, str]]:
