@@ -129,11 +129,8 @@ class UpstreamResponse:
         """Up to `max_bytes` of an error body (empty when even that fails); the connection is closed."""
         conn = self._conn
         parts: list[bytes] = []
-        size = 0
         try:
-            while size < max_bytes and (chunk := await conn.read_chunk()):
-                parts.append(chunk)
-                size += len(chunk)
+            await _read_upto(conn, max_bytes, parts)
         except (ConnectionClosed, BadResponse, TimedOut, OSError):
             pass
         finally:
@@ -222,12 +219,8 @@ class UpstreamClient:
         try:
             async with asyncio.timeout(timeout_s):
                 resp = await self._send(method, url, body, headers, what, timeout_s)
-                conn = resp._conn
                 parts: list[bytes] = []
-                size = 0
-                while size < max_bytes and (chunk := await conn.read_chunk()):
-                    parts.append(chunk)
-                    size += len(chunk)
+                await _read_upto(resp._conn, max_bytes, parts)
         except BaseException as exc:
             if resp is not None:
                 resp.close()  # timed out, failed or cancelled in the body: never back to the pool
@@ -284,6 +277,14 @@ class UpstreamClient:
         raise UpstreamDisconnected(f"Backend {what} closed the connection.")
 
 
+async def _read_upto(conn: UpstreamConnection, max_bytes: int, parts: list[bytes]) -> None:
+    """Append the answer's body to `parts` until its end or past `max_bytes` (the caller cuts)."""
+    size = 0
+    while size < max_bytes and (chunk := await conn.read_chunk()):
+        parts.append(chunk)
+        size += len(chunk)
+
+
 def _head(method: str, path: str, host: str, headers: Mapping[str, str], body: bytes | None, what: str) -> bytes:
     """The request's head: the caller's headers (less those the client writes) and the length."""
     lines = [f"{method} {path} HTTP/1.1\r\nhost: {host}\r\n"]
@@ -291,7 +292,7 @@ def _head(method: str, path: str, host: str, headers: Mapping[str, str], body: b
         if name.lower() in _NOT_SENT:
             continue
         if "\n" in value or "\r" in value or "\n" in name or "\r" in name or ":" in name:
-            raise UpstreamError(f"A header for backend {what} holds a line break; it was not sent.")
+            raise UpstreamError(f"A header for backend {what} is not a valid header line; it was not sent.")
         lines.append(f"{name}: {value}\r\n")
     if body is not None:
         lines.append(f"content-length: {len(body)}\r\n")
