@@ -7,11 +7,9 @@ import logging
 import time
 from typing import Any
 
-from prometheus_client import Gauge
-
 from gateway import accesslog
 from gateway.fleet.registry import Backend
-from gateway.metrics import GatewayMetrics, observe_many
+from gateway.metrics import GatewayMetrics, PlainValue, observe_many
 from gateway.pipeline.exchange import Exchange
 
 log = logging.getLogger("gateway.access")
@@ -23,10 +21,9 @@ class Accounting:
     def __init__(self, metrics: GatewayMetrics) -> None:
         self._m = metrics
 
-    def in_flight(self, ex: Exchange, backend: Backend) -> Gauge:
-        """The in-flight gauge of the request's attempt on `backend`."""
-        m = self._m
-        return m.child(m.in_flight, ex.route, ex.pool, backend.name)
+    def in_flight(self, ex: Exchange, backend: Backend) -> PlainValue:
+        """The in-flight gauge's sample for the request's attempt on `backend` (inc(1), inc(-1))."""
+        return self._m.series(ex.route, ex.pool, backend.name, ex.api).in_flight()
 
     def sent(self, ex: Exchange) -> None:
         """The first attempt leaves: the gateway's own overhead ends here."""
@@ -39,8 +36,7 @@ class Accounting:
         total to the engine's usage figure (which may count more than one token per chunk)."""
         delta = content_events - ex.streamed_tokens
         if delta > 0:
-            m = self._m
-            m.child(m.output_tokens, ex.route, ex.pool, ex.backend_name, ex.api, "usage").inc(delta)
+            self._m.series(ex.route, ex.pool, ex.backend_name, ex.api).tokens("output", "usage").inc(delta)
             ex.streamed_tokens = content_events
 
     def finish(self, ex: Exchange) -> None:
@@ -48,12 +44,11 @@ class Accounting:
         now = time.perf_counter()
         m = self._m
         outcome = ex.outcome or "client_closed"
-        labels = (ex.route, ex.pool, ex.backend_name, ex.api)
-        fine = (ex.route, ex.pool, ex.api)  # the fine per-request histograms have no backend label
-        m.child(m.requests, *labels, outcome).inc()
+        series = m.series(ex.route, ex.pool, ex.backend_name, ex.api)
+        series.outcome(outcome).inc(1)
         duration = now - ex.started
         if ex.sent_at is not None:
-            m.child(m.duration, *fine).observe(duration)
+            series.fine(m.duration).observe(duration)
         obs = ex.observer
         usage = ex.reported_usage()
         completion = prompt = None
@@ -67,22 +62,23 @@ class Accounting:
             prompt = ex.prompt_estimate
         if completion and completion > ex.streamed_tokens:
             # Tokens already counted while the stream ran are not counted twice.
-            m.child(m.output_tokens, *labels, source).inc(completion - ex.streamed_tokens)
+            series.tokens("output", source).inc(completion - ex.streamed_tokens)
         if prompt and ex.sent_at is not None:
-            m.child(m.prompt_tokens, *labels, "usage" if usage is not None else "estimated").inc(prompt)
+            series.tokens("prompt", "usage" if usage is not None else "estimated").inc(prompt)
         if obs is not None and obs.first_token_at is not None:
-            m.child(m.ttft, *fine).observe(obs.first_token_at - ex.started)
+            series.fine(m.ttft).observe(obs.first_token_at - ex.started)
             if obs.gaps or obs.together:
-                observe_many(m.child(m.itl, *fine), obs.gaps, zeros=obs.together)
+                observe_many(series.fine(m.itl), obs.gaps, zeros=obs.together)
             decode = (obs.last_token_at or obs.first_token_at) - obs.first_token_at
             if completion and completion > 1 and decode > 0:
                 # The first token belongs to prefill; decode speed counts the ones after it.
-                m.child(m.request_tps, *fine).observe((completion - 1) / decode)
+                series.fine(m.request_tps).observe((completion - 1) / decode)
         if outcome == "client_closed":
             stage = ex.disconnect_stage or "before_backend"
-            m.child(m.client_disconnects, *labels, stage).inc()
+            labels = (ex.route, ex.pool, ex.backend_name)
+            m.child(m.client_disconnects, *labels, ex.api, stage).inc()
             if completion:
-                m.child(m.wasted_tokens, *labels[:3]).inc(completion)
+                m.child(m.wasted_tokens, *labels).inc(completion)
         if log.isEnabledFor(logging.INFO):
             ttft = f"{obs.first_token_at - ex.started:.4f}" if obs and obs.first_token_at else "-"
             model = ex.model if ex.model is not None and ex.route != "__unknown__" else "-"

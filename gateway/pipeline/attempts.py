@@ -85,7 +85,7 @@ class Attempts:
             ex.backend, ex.backend_name = backend, backend.name
             gauge = self._accounting.in_flight(ex, backend)
             self._capacity.acquire(backend)
-            gauge.inc()
+            gauge.inc(1)
             try:
                 target = protocol.target(inbound, backend.engine)
                 upstream_model = self._router.upstream_model(plan, backend, model, inbound.model)
@@ -139,7 +139,7 @@ class Attempts:
                     self._health.success(backend)
                 return
             finally:
-                gauge.dec()
+                gauge.inc(-1)
                 self._capacity.release(backend)
                 if took_retry:
                     self._capacity.give_back_retry()

@@ -53,6 +53,8 @@ class Router:
         self._balancers: dict[str, Balancer] = {
             name: make_balancer(pool.balancer, pool) for name, pool in config.pools.items()
         }
+        self._anchored = frozenset(name for name, p in config.pools.items() if p.balancer == "prefix_affinity")
+        """The pools whose balancer reads a conversation's anchor (no other one does: not computed)."""
         self._needs_prefix = any(p.balancer == "prefix_affinity" for p in config.pools.values()) or any(
             rule.when.shared_prefix is not None for r in config.routes for rule in r.rules
         )
@@ -137,7 +139,9 @@ class Router:
             return Plan(pool=route.pools[0], rule="none", backends=[], facts=facts, fingerprint=fp, model=name)
         self._metrics.child(self._metrics.route_decisions, route.label, decision.pool, decision.rule).inc()
         session = headers.get(self._config.pools[decision.pool].session_header.lower()) or inbound.user
-        anchor = conversation_anchor(view, self._config.routing.shared_prefix.block_chars) if fp and view else None
+        anchor = None
+        if fp and view and decision.pool in self._anchored:
+            anchor = conversation_anchor(view, self._config.routing.shared_prefix.block_chars)
         key = BalanceKey(
             fingerprint=fp,
             session=session,
