@@ -1,13 +1,17 @@
-"""The response writer under uvicorn: its httptools RequestResponseCycle with a leaner `send`.
+"""The request/response cycle under uvicorn: its httptools RequestResponseCycle with a leaner
+`send` and `receive`.
 
-Two differences, both measured on the overhead benchmark (docs/benchmarks.md):
+The differences, each measured on the overhead benchmark (docs/benchmarks.md):
 - the response head is written together with the first body message, in one `transport.write`
   (uvicorn writes it alone: one more send syscall a request); every response the gateway makes
   sends its first body message right after its start, with no wait between;
 - the header checks are two C passes over all the names and all the values (`bytes.translate`)
-  instead of two regular-expression searches a header.
-Everything else (framing, Content-Length checks, keep-alive, flow control) is uvicorn's, line for
-line. serving/protocol.py gives each new cycle this class."""
+  instead of two regular-expression searches a header, and only the framing headers are looked at
+  one by one;
+- the request body is kept as the parser's chunks (`add_body`) and handed over without a copy, and
+  `receive` waits on the event only when no body is waiting.
+Everything else (framing, Content-Length checks, keep-alive, flow control, 100-continue) is
+uvicorn's, line for line. serving/protocol.py makes each request's cycle of this class."""
 
 from __future__ import annotations
 
@@ -19,11 +23,42 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, RequestResponseCy
 # byte but tab.
 _BAD_NAME = bytes(range(0x20)) + b'\x7f()<>@,;:[]={} \t\\"'
 _BAD_VALUE = bytes(b for b in range(0x20) if b != 0x09) + b"\x7f"
+_FRAMING = frozenset((b"content-length", b"transfer-encoding", b"connection"))
+"""The names whose values change how the response is framed or whether the connection stays."""
 
 
 class GatewayCycle(RequestResponseCycle):
     _head: bytes = b""
     """The encoded response head, until the first body message takes it."""
+    _chunks: list[bytes] | tuple[()] = ()
+    """The request body received and not yet given to the app, as the parser gave it (uvicorn
+    copies each chunk into a bytearray, then the bytearray into bytes)."""
+    _size = 0
+
+    def add_body(self, chunk: bytes) -> int:
+        """Keep a chunk of the request body; the bytes now waiting for receive()."""
+        if self._chunks:
+            self._chunks.append(chunk)
+        else:
+            self._chunks = [chunk]
+        self._size += len(chunk)
+        return self._size
+
+    async def receive(self) -> Any:
+        # uvicorn's, but with no wait on the event when the body is already here (or complete).
+        if self.waiting_for_100_continue and not self.transport.is_closing():
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            self.waiting_for_100_continue = False
+        if not self.disconnected and not self.response_complete:
+            self.flow.resume_reading()
+            if self.more_body and not self._chunks:
+                await self.message_event.wait()
+            self.message_event.clear()
+        if self.disconnected or self.response_complete:
+            return {"type": "http.disconnect"}
+        chunks, self._chunks, self._size = self._chunks, (), 0
+        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        return {"type": "http.request", "body": body, "more_body": self.more_body}
 
     async def send(self, message: Any) -> None:
         if self.flow.write_paused and not self.disconnected:
@@ -75,20 +110,22 @@ class GatewayCycle(RequestResponseCycle):
             raise RuntimeError("Invalid HTTP header name.")
         if len(values.translate(None, _BAD_VALUE)) != len(values):
             raise RuntimeError("Invalid HTTP header value.")
+        if names.lower() != names:  # uvicorn writes every name in lower case; the gateway's are
+            headers = [(name.lower(), value) for name, value in headers]
         content = [STATUS_LINE[status]]
         has_connection_close = False
         for name, value in headers:
-            name = name.lower()
-            if name == b"content-length" and self.chunked_encoding is None:
-                self.expected_content_length = int(value.decode())
-                self.chunked_encoding = False
-            elif name == b"transfer-encoding" and value.lower() == b"chunked":
-                self.expected_content_length = 0
-                self.chunked_encoding = True
-            elif name == b"connection" and b"close" in [t.lower().strip() for t in value.split(b",")]:
-                self.keep_alive = False
-                has_connection_close = True
-            content.extend((name, b": ", value, b"\r\n"))
+            if name in _FRAMING:
+                if name == b"content-length" and self.chunked_encoding is None:
+                    self.expected_content_length = int(value.decode())
+                    self.chunked_encoding = False
+                elif name == b"transfer-encoding" and value.lower() == b"chunked":
+                    self.expected_content_length = 0
+                    self.chunked_encoding = True
+                elif name == b"connection" and b"close" in [t.lower().strip() for t in value.split(b",")]:
+                    self.keep_alive = False
+                    has_connection_close = True
+            content += (name, b": ", value, b"\r\n")
         if not self.keep_alive and not has_connection_close:
             content.append(b"connection: close\r\n")
         if self.chunked_encoding is None and self.scope["method"] != "HEAD" and status not in (204, 304):

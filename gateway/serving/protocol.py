@@ -2,13 +2,20 @@
 request (headers and body), so that a slowloris client (a header byte every few seconds) cannot
 hold a connection for ever, and bounds on the request head (its bytes and its header count),
 which uvicorn sets for h11 but not for httptools. It also stamps each request's arrival in its
-scope (`ARRIVED`), where the endpoint starts the request's clock."""
+scope (`ARRIVED`), where the endpoint starts the request's clock, and gives it the connection's
+disconnect hook (`CLIENT_GONE`). The request-side parser callbacks are uvicorn's with these
+additions folded in (one call each, not an override and a super() call), and they make the
+gateway's cycle (serving/cycle.py) directly: 12.5 -> 10.4 us a request in the protocol alone."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+import urllib.parse
+from typing import Any
 
+import httptools
+from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT, service_unavailable
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.asgi import ARRIVED, CLIENT_GONE, ClientGone
@@ -66,12 +73,27 @@ def protocol_class(
                 self._arm()  # the request goes on past this read: now it needs its deadline
 
         def on_message_begin(self) -> None:
+            # uvicorn's, in one call: the scope, with the request's arrival stamped for its clock
+            # (TTFT, duration): its first byte parsed, not the moment its task first runs, which
+            # under load waits behind other streams' relays.
             idle.discard(self)  # a request begins: not idle (bytes alone, a stray CRLF, are not one)
-            super().on_message_begin()
-            # The request's arrival, for its clock (TTFT, duration): its first byte parsed, not the
-            # moment its task first runs, which under load waits behind other streams' relays.
-            self.scope[ARRIVED] = time.perf_counter()  # type: ignore[literal-required]
-            self.scope[CLIENT_GONE] = self._gone  # type: ignore[literal-required]
+            self.url = b""
+            self.expect_100_continue = False
+            self.headers = []
+            scope: dict[str, Any] = {
+                "type": "http",
+                "asgi": {"version": self.asgi_version, "spec_version": "2.3"},
+                "http_version": "1.1",
+                "server": self.server,
+                "client": self.client,
+                "scheme": self.scheme,
+                "root_path": self.root_path,
+                "headers": self.headers,
+                "state": self.app_state.copy(),
+                ARRIVED: time.perf_counter(),
+                CLIENT_GONE: self._gone,
+            }
+            self.scope = scope  # type: ignore[assignment]
             self._header_count = 0
             # The next request on a kept-alive connection. Its deadline is armed at the end of the
             # read only if it is still incomplete there: most requests arrive in one read, and a
@@ -83,21 +105,73 @@ def protocol_class(
             if self._header_count > max_headers:
                 self._refusal = f"The request has more than {max_headers} header fields."
                 raise _HeadRefused  # httptools stops parsing; uvicorn calls send_400_response
-            super().on_header(name, value)
+            name = name.lower()
+            if name == b"expect" and value.lower() == b"100-continue":
+                self.expect_100_continue = True
+            self.headers.append((name, value))
 
         def on_headers_complete(self) -> None:
+            # uvicorn's, making the gateway's cycle (serving/cycle.py) and a request body store
+            # without a copy (on_body).
             self._in_head = False
-            super().on_headers_complete()
-            if self.cycle is not None:
-                # The cycle uvicorn just made, before its task first runs: the gateway's writer
-                # (serving/cycle.py) has no state of its own, so the class is all that changes.
-                self.cycle.__class__ = GatewayCycle
+            parser = self.parser
+            http_version = parser.get_http_version()
+            scope = self.scope
+            scope["method"] = parser.get_method().decode("ascii")
+            if http_version != "1.1":
+                scope["http_version"] = http_version
+            if parser.should_upgrade() and self._should_upgrade():
+                return
+            parsed_url = httptools.parse_url(self.url)
+            raw_path = parsed_url.path
+            path = raw_path.decode("ascii")
+            if "%" in path:
+                path = urllib.parse.unquote(path)
+            scope["path"] = self.root_path + path
+            scope["raw_path"] = self.root_path.encode("ascii") + raw_path
+            scope["query_string"] = parsed_url.query or b""
+            app = self.app
+            if self.limit_concurrency is not None and (
+                len(self.connections) >= self.limit_concurrency or len(self.tasks) >= self.limit_concurrency
+            ):
+                app = service_unavailable
+                self.logger.warning("Exceeded concurrency limit.")
+            existing = self.cycle
+            self.cycle = GatewayCycle(
+                scope=scope,
+                transport=self.transport,
+                flow=self.flow,
+                logger=self.logger,
+                access_logger=self.access_logger,
+                access_log=self.access_log,
+                default_headers=self.server_state.default_headers,
+                message_event=asyncio.Event(),
+                expect_100_continue=self.expect_100_continue,
+                keep_alive=http_version != "1.0" and parser.should_keep_alive(),
+                on_response=self.on_response_complete,
+            )
+            if existing is None or existing.response_complete:
+                self._start_asgi_task(self.cycle, app)
+            else:  # pipelined: queued, as uvicorn does
+                self.flow.pause_reading()
+                self.pipeline.appendleft((self.cycle, app))
+
+        def on_body(self, body: bytes) -> None:
+            if (self.parser.should_upgrade() and self._should_upgrade()) or self.cycle.response_complete:
+                return
+            cycle = self.cycle
+            assert isinstance(cycle, GatewayCycle)
+            if cycle.add_body(body) > HIGH_WATER_LIMIT:
+                self.flow.pause_reading()
+            cycle.message_event.set()
 
         def on_message_complete(self) -> None:
             self._receiving = False
             self._disarm()
             self._in_head, self._head_bytes = True, 0
-            super().on_message_complete()
+            if not (self.parser.should_upgrade() and self._should_upgrade()) and not self.cycle.response_complete:
+                self.cycle.more_body = False
+                self.cycle.message_event.set()
             # uvicorn stops reading past 64 KiB of unread body and reads again only in receive();
             # the gateway does not call receive() once it has the body (the disconnect hook
             # replaced that listener), so read again here, or a client's close after a large
