@@ -5,6 +5,7 @@ imports nothing else from the gateway."""
 from __future__ import annotations
 
 import fnmatch
+import functools
 import re
 from collections.abc import Mapping
 from typing import Annotated, Literal
@@ -241,11 +242,12 @@ class RouteConfig(_Model):
     aliases: Mapping[str, str] = {}
     """Client-facing names of this route that stand for a served model: `{my-model: Qwen/Qwen3-0.6B}`."""
 
-    @property
+    # Cached (the config is frozen): both are read several times a request.
+    @functools.cached_property
     def label(self) -> str:
         return self.name or self.model
 
-    @property
+    @functools.cached_property
     def is_glob(self) -> bool:
         return any(c in self.model for c in "*?[")
 

@@ -116,12 +116,11 @@ class LeanHistogram(Histogram):
         self._sum = PlainValue()
 
     def observe(self, amount: float, exemplar: dict[str, str] | None = None) -> None:
-        if exemplar is not None or math.isnan(amount):
-            super().observe(amount, exemplar)
+        if exemplar is not None or math.isnan(amount) or (self._labelnames and not self._labelvalues):
+            super().observe(amount, exemplar)  # and its error for a parent with labels
             return
-        self._raise_if_not_observable()  # type: ignore[no-untyped-call]
-        self._sum.inc(amount)
-        self._buckets[bisect_left(self._upper_bounds, amount)].inc(1)
+        self._sum._value += amount
+        self._buckets[bisect_left(self._upper_bounds, amount)]._value += 1
 
 
 class FineHistogram(LeanHistogram):
