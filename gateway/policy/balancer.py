@@ -117,6 +117,8 @@ def rendezvous(key: bytes, candidates: Sequence[Candidate]) -> list[Candidate]:
 
 class LeastLoad(_NoMemory):
     def order(self, candidates: Sequence[Candidate], key: BalanceKey) -> list[Candidate]:
+        if len(candidates) < 2:
+            return list(candidates)
         return _saturated_last(sorted(candidates, key=lambda c: (least_load_score(c), c.name)))
 
 

@@ -152,6 +152,9 @@ class PrefixVerdict:
     """Length in blocks of the earlier request this one extends (0 when none)."""
 
 
+_NO_BLOCKS = PrefixVerdict(False, None, 0, 0)
+
+
 class _Entry:
     __slots__ = ("end_at", "end_pos", "seen", "touched")
 
@@ -185,6 +188,8 @@ class PrefixTracker:
         `min_seen` times in the window counting this request (so `min_seen: 1` marks every long enough
         prompt), or when it starts with the whole fingerprint of an earlier request in the window that
         was itself at least the leading blocks long (the next turn of a conversation, or a retry)."""
+        if not fp:  # shorter than a block: nothing to record or match (expiry waits for the next one)
+            return _NO_BLOCKS
         self._expire(now)
         table = self._table
         lead = self._lead_blocks
