@@ -113,29 +113,32 @@ class _Fit:
     b and c are pulled towards the template priors (ridge), so a route whose prompts all have the
     same number of messages still gets a sensible fit."""
 
-    __slots__ = ("a", "b", "c", "n", "sxx", "sxy")
+    __slots__ = ("a", "b", "c", "cc", "ck", "cs", "kk", "ks", "n", "ss", "yc", "yk", "ys")
 
     def __init__(self) -> None:
-        self.sxx = [0.0] * 9
-        self.sxy = [0.0] * 3
+        # The decayed sums of x x^T (symmetric: six of them) and x y, for x = (chars, messages, 1).
+        self.cc = self.ck = self.cs = self.kk = self.ks = self.ss = 0.0
+        self.yc = self.yk = self.ys = 0.0
         self.n = 0
         self.a = 1 / PRIOR_CHARS_PER_TOKEN
         self.b = float(PER_MESSAGE_TOKENS)
         self.c = float(PER_PROMPT_TOKENS)
 
     def add(self, chars: int, messages: int, tokens: int, decay: float) -> None:
-        # The sums of x x^T and x y for x = (chars, messages, 1), unrolled (the loops cost ~2 us a
-        # request; the values are the same, x[2] being exactly 1.0).
-        c, k, d = float(chars), float(messages), decay
-        s, y = self.sxx, self.sxy
-        s[0], s[1], s[2] = s[0] * d + c * c, s[1] * d + c * k, s[2] * d + c
-        s[3], s[4], s[5] = s[3] * d + k * c, s[4] * d + k * k, s[5] * d + k
-        s[6], s[7], s[8] = s[6] * d + c, s[7] * d + k, s[8] * d + 1.0
-        y[0], y[1], y[2] = y[0] * d + c * tokens, y[1] * d + k * tokens, y[2] * d + tokens
+        c, k, d, y = float(chars), float(messages), decay, float(tokens)
+        self.cc = self.cc * d + c * c
+        self.ck = self.ck * d + c * k
+        self.cs = self.cs * d + c
+        self.kk = self.kk * d + k * k
+        self.ks = self.ks * d + k
+        self.ss = self.ss * d + 1.0
+        self.yc = self.yc * d + c * y
+        self.yk = self.yk * d + k * y
+        self.ys = self.ys * d + y
         self.n += 1
-        # Solving is ~10 us; the sums are O(1). Re-solve every time while the fit is young, then
-        # every 16th observation: the decayed fit moves slowly by then.
-        if self.n > 32 and self.n % 16:
+        # Solving is ~7 us; the sums are O(1). Re-solve every time while the fit is young, then
+        # every 16th observation, and every 64th past 256: the decayed fit moves slowly by then.
+        if self.n > 32 and self.n % (16 if self.n <= 256 else 64):
             return
         if self.n == 1:
             # One observation: keep the template priors, fit the ratio alone.
@@ -143,11 +146,12 @@ class _Fit:
             if chars >= 32 and text > 0:
                 self.a = min(1 / _MIN_RATIO, max(1 / _MAX_RATIO, text / chars))
             return
-        ridge = (0.0, 1.0, 1.0)
-        prior = (self.a, float(PER_MESSAGE_TOKENS), float(PER_PROMPT_TOKENS))
-        m = [[*self.sxx[3 * i : 3 * i + 3], self.sxy[i] + ridge[i] * prior[i]] for i in range(3)]
-        for i in range(3):
-            m[i][i] += ridge[i]
+        # Ridge towards the priors on b and c (weight 1 each), none on a.
+        m = [
+            [self.cc, self.ck, self.cs, self.yc],
+            [self.ck, self.kk + 1.0, self.ks, self.yk + float(PER_MESSAGE_TOKENS)],
+            [self.cs, self.ks, self.ss + 1.0, self.ys + float(PER_PROMPT_TOKENS)],
+        ]
         solved = _solve3(m)
         if solved is not None and 1 / _MAX_RATIO <= solved[0] <= 1 / _MIN_RATIO:
             self.a, self.b, self.c = solved
@@ -196,11 +200,15 @@ class TokenEstimator:
     def learn(self, key: tuple[str, str], chars: int, messages: int, prompt_tokens: int) -> None:
         if prompt_tokens <= 0 or (chars < 32 and messages == 0):
             return
-        fit = self._fits.pop(key, None) or _Fit()
+        fits = self._fits
+        fit = fits.get(key)
+        if fit is None:
+            fit = fits[key] = _Fit()
+            while len(fits) > self._max_keys:
+                fits.popitem(last=False)
+        else:
+            fits.move_to_end(key)
         fit.add(chars, messages, prompt_tokens, self._decay)
-        self._fits[key] = fit
-        while len(self._fits) > self._max_keys:
-            self._fits.popitem(last=False)
 
 
 Action = Literal["pass", "reject", "clamp", "default", "truncate"]
