@@ -304,10 +304,18 @@ class GatewayMetrics:
             "gateway_limiter_errors", "Calls to the rate-limit counter store that failed.", ("store",), registry=r
         )
         # The same metrics for exposition(): the coarse ones in a registry of their own.
-        self._fine = [m for m in vars(self).values() if isinstance(m, FineHistogram)]
+        made = [
+            *(self.ttft, self.itl, self.duration, self.request_tps),
+            *(self.output_tokens, self.prompt_tokens, self.requests, self.in_flight, self.queue_wait),
+            *(self.overhead, self.relay_seconds, self.relay_chunks, self.route_decisions, self.cap_actions),
+            *(self.truncated_messages, self.retries, self.retry_budget_exhausted, self.upstream_errors),
+            *(self.client_disconnects, self.wasted_tokens, self.backend_up, self.backend_model),
+            *(self.backend_load, self.scrape_age, self.rate_limited, self.limiter_up, self.limiter_errors),
+        ]
+        self._fine = [m for m in made if isinstance(m, FineHistogram)]
         self._coarse = CollectorRegistry(auto_describe=True)
-        for m in list(vars(self).values()):
-            if isinstance(m, (Counter, Gauge, Histogram)) and not isinstance(m, FineHistogram):
+        for m in made:
+            if not isinstance(m, FineHistogram):
                 self._coarse.register(m)
         self._render_cache: dict[str, dict[tuple[str, ...], list[str]]] = {}
 
@@ -338,7 +346,7 @@ class GatewayMetrics:
         found = self._children.get(key)
         if found is None:
             found = self._children[key] = metric.labels(*labels)
-        return found
+        return cast(M, found)
 
 
 class RequestSeries:

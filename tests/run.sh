@@ -6,6 +6,8 @@
 #   bash tests/run.sh                 # everything, as CI runs it
 #   bash tests/run.sh -m "not integration"   # extra arguments go to pytest
 #   GATEWAY_SGLANG=0 bash tests/run.sh       # a quick local run without SGLang (refused when CI=true)
+# Every tier runs as Python; then the request path's tiers run again against the compiled build
+# (deploy/build-compiled.sh: mypyc, cached by a hash of the sources).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 T0=$SECONDS
@@ -63,4 +65,11 @@ export GATEWAY_REQUIRE_ENGINES=${GATEWAY_REQUIRE_ENGINES:-1}
 export GATEWAY_REQUIRE_PROMETHEUS=${GATEWAY_REQUIRE_PROMETHEUS:-1}
 export GATEWAY_REQUIRE_REDIS=${GATEWAY_REQUIRE_REDIS:-1}
 python3 -m pytest "$@"
+
+say "tests, compiled build (setup.py's mypyc modules, as deploy/Dockerfile builds them): the request path's tiers"
+# The same tests against the compiled modules: a build in a cache folder keyed by the sources, put
+# ahead of the checkout on sys.path; test_compiled.py fails the run if any listed module is not native.
+native=$(bash deploy/build-compiled.sh)
+GATEWAY_EXPECT_COMPILED=1 python3 -m pytest -o pythonpath="$native" -p no:cacheprovider \
+    tests/unit tests/live tests/sim tests/integration "$@"
 say "done"

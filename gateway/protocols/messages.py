@@ -8,6 +8,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from mypy_extensions import mypyc_attr
+
 from engines.adapters import ADAPTERS
 from gateway.config import LimitsConfig
 from gateway.errors import GatewayError, InvalidRequest, UpstreamError
@@ -31,6 +33,7 @@ def _natives(api: str) -> frozenset[str]:
     return frozenset(kind for kind, adapter in ADAPTERS.items() if api in adapter.native_apis)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # a base for adapters of your own
 class AnthropicProtocol:
     """What both Messages endpoints share: parsing, errors in Anthropic's shape, the native choice."""
 

@@ -7,6 +7,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from mypy_extensions import mypyc_attr
+
 from gateway.config import LimitsConfig
 from gateway.errors import GatewayError
 from gateway.pipeline.edits import NO_EDITS, Edits, apply_edits, needs_encoding
@@ -15,6 +17,7 @@ from gateway.protocols.inbound import Kind, parse_request
 from gateway.protocols.sse import StreamObserver
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # a base for adapters of your own
 class OpenAIProtocol:
     """A ProtocolAdapter for one of chat, completions, embeddings (they differ in parsing only)."""
 

@@ -7,6 +7,7 @@ import json
 import httpx
 import pytest
 
+from gateway.upstream import UpstreamResponse
 from tests.live.conftest import StackFactory, chat, sim_params, sse_events
 
 pytestmark = pytest.mark.live
@@ -201,7 +202,8 @@ async def test_a_gateway_bug_is_internal_error_not_an_upstream_failure(
     async def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("a bug in the relay")
 
-    monkeypatch.setattr(stack.gateway.relay, "body", broken)
+    # The answer's read, not the relay's own method: a compiled class's methods cannot be patched.
+    monkeypatch.setattr(UpstreamResponse, "read", broken)
     r = await post(stack.base_url, chat())
     assert r.status_code == 500 and r.json()["error"]["code"] == "internal_error"
     assert stack.total("gateway_requests_total", outcome="internal_error") == 1

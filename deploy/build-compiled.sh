@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Build the gateway with its request path compiled by mypyc (setup.py, GATEWAY_COMPILE=1) into a
+# folder keyed by a hash of the sources and the compiler, and print that folder's path:
+#   PYTHONPATH="$(bash deploy/build-compiled.sh)" python3 -m gateway.cli serve --config gateway.yaml
+# Cached under ${GATEWAY_CI_CACHE:-~/.cache/gateway-ci}/compiled; about 100 s on two cores when
+# the sources changed. Needs a C compiler; installs mypy, setuptools and wheel if they are missing.
+# The source tree is copied first, so no compiled module ever lands beside the code you edit.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+py=${PYTHON:-python3}
+if ! "$py" -c 'import mypyc.build, setuptools, wheel' 2>/dev/null; then
+    "$py" -m pip install -q --disable-pip-version-check 'mypy>=1.10' setuptools wheel >&2
+fi
+key=$(
+    {
+        cat setup.py pyproject.toml
+        find gateway engines -name '*.py' | LC_ALL=C sort | xargs cat
+        "$py" -c 'import sys, mypy.version; print(mypy.version.__version__, sys.version)'
+    } | sha256sum | cut -c1-16
+)
+out=${GATEWAY_CI_CACHE:-$HOME/.cache/gateway-ci}/compiled/$key
+if [ ! -f "$out/.built" ]; then
+    work=$(mktemp -d)
+    trap 'rm -rf "$work"' EXIT
+    cp -r setup.py pyproject.toml README.md gateway engines "$work/"
+    find "$work" -name __pycache__ -prune -exec rm -rf {} +
+    (cd "$work" && GATEWAY_COMPILE=1 "$py" -m pip install -q --disable-pip-version-check \
+        --no-build-isolation --no-deps --target "$work/out" .) >&2
+    rm -rf "$out"
+    mkdir -p "$(dirname "$out")"
+    mv "$work/out" "$out"
+    touch "$out/.built"
+fi
+echo "$out"

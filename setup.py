@@ -1,0 +1,78 @@
+"""The build. Plain `pip install .` (or `-e .`) installs the gateway as Python. With
+GATEWAY_COMPILE=1 the modules of the request path are compiled to C extensions with mypyc, the
+compiler that ships with mypy (the code is already typed for `mypy --strict`): the same source, about
+0.6x the CPU per request (docs/benchmarks.md, "Compiled build"). That needs a C compiler, and mypy
+in the build environment:
+
+    pip install 'mypy>=1.10' setuptools wheel
+    GATEWAY_COMPILE=1 pip install --no-build-isolation .
+
+An editable install is never compiled: a compiled module would shadow later edits to its source.
+Why each module outside COMPILED stays Python: docs/design.md, "Compiled build"."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from setuptools import setup
+
+COMPILED = [
+    "gateway/asgi.py",
+    "gateway/deadlines.py",
+    "gateway/metrics.py",
+    "gateway/access/gate.py",
+    "gateway/access/keys.py",
+    "gateway/access/limiter.py",
+    "gateway/fleet/capacity.py",
+    "gateway/fleet/registry.py",
+    "gateway/pipeline/accounting.py",
+    "gateway/pipeline/admission.py",
+    "gateway/pipeline/edits.py",
+    "gateway/pipeline/endpoint.py",
+    "gateway/pipeline/enforcer.py",
+    "gateway/pipeline/exchange.py",
+    "gateway/pipeline/headers.py",
+    "gateway/pipeline/relay.py",
+    "gateway/pipeline/router.py",
+    "gateway/pipeline/stored.py",
+    "gateway/policy/balancer.py",
+    "gateway/policy/caps.py",
+    "gateway/policy/kv.py",
+    "gateway/policy/models.py",
+    "gateway/policy/prefix.py",
+    "gateway/policy/rules.py",
+    "gateway/protocols/anthropic_errors.py",
+    "gateway/protocols/base.py",
+    "gateway/protocols/catalog.py",
+    "gateway/protocols/chat.py",
+    "gateway/protocols/completions.py",
+    "gateway/protocols/embeddings.py",
+    "gateway/protocols/frames.py",
+    "gateway/protocols/inbound.py",
+    "gateway/protocols/messages.py",
+    "gateway/protocols/messages_stream.py",
+    "gateway/protocols/messages_translate.py",
+    "gateway/protocols/native_observers.py",
+    "gateway/protocols/openai.py",
+    "gateway/protocols/reasoning.py",
+    "gateway/protocols/response_store.py",
+    "gateway/protocols/responses.py",
+    "gateway/protocols/responses_stream.py",
+    "gateway/protocols/responses_translate.py",
+    "gateway/protocols/sse.py",
+    "gateway/protocols/tokenize.py",
+]
+
+
+def _ext_modules() -> list[object]:
+    if os.environ.get("GATEWAY_COMPILE") != "1":
+        return []
+    if any(arg.startswith("editable") for arg in sys.argv):
+        sys.exit("GATEWAY_COMPILE=1 is for `pip install .`, not an editable install (see setup.py)")
+    from mypyc.build import mypycify
+
+    return list(mypycify(COMPILED, opt_level="3"))
+
+
+setup(ext_modules=_ext_modules())
