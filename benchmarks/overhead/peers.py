@@ -1,8 +1,10 @@
 """The gateway beside its peers, in interleaved rounds on one pinned core; every figure absolute and as
 a ratio to the floor (a 35-line Starlette + aiohttp proxy, floor_proxy.py), with the noise of the run.
 
-Peers: the gateway with the shipped-style config at its default log level (`gateway`), the same at
-other log levels (`gateway@warning`: the access log off), the floor, sglang-router and vllm-router
+Peers: the gateway with the shipped-style config at its default log level (`gateway`: the Python
+install), the same compiled as deploy/Dockerfile builds it (`gateway+mypyc`: setup.py's mypyc
+modules, built by deploy/build-compiled.sh, cached), the same at other log levels
+(`gateway@warning`: the access log off), the floor, sglang-router and vllm-router
 (Rust, from PyPI, each in its own venv under ~/.cache/gateway-ci keyed by version), and nginx as a
 proxy (a C reference). Every peer runs pinned to the same core for the whole run; each round runs each
 test once per peer, in an order rotated every round, so a noisy minute lands on every peer alike.
@@ -162,6 +164,18 @@ def head_state() -> str:
     return (git("rev-parse", "--short", "HEAD") or "unknown") + (" + uncommitted changes" if dirty else "")
 
 
+def compiled_build() -> Path:
+    """The compiled build of the checkout (deploy/build-compiled.sh: built once per source hash)."""
+    print("building the compiled gateway (cached by a hash of the sources; ~100 s when they changed)", flush=True)
+    script = REPO / "deploy" / "build-compiled.sh"
+    done = subprocess.run(
+        ["bash", str(script)], capture_output=True, text=True, env={**os.environ, "PYTHON": sys.executable}
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"the compiled build failed:\n{done.stderr[-2000:]}")
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
 def med(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
@@ -265,9 +279,9 @@ def main() -> int:
     p.add_argument("--tests", default=",".join(TESTS), help=f"comma-separated subset of {','.join(TESTS)}")
     p.add_argument(
         "--peers",
-        default="gateway,gateway@warning,floor,sglang-router,vllm-router,nginx",
-        help="comma-separated: gateway (its default log level), gateway@LEVEL, floor, sglang-router, "
-        "vllm-router, nginx",
+        default="gateway,gateway+mypyc,gateway@warning,floor,sglang-router,vllm-router,nginx",
+        help="comma-separated: gateway (its default log level), gateway+mypyc (the compiled build), "
+        "gateway@LEVEL, floor, sglang-router, vllm-router, nginx",
     )
     p.add_argument("--compare", nargs=2, metavar=("REV_A", "REV_B"), help="two commits of the gateway and the floor")
     p.add_argument("--smoke", action="store_true", help="20 s: gateway vs floor; exit 1 past 2x the floor")
@@ -373,6 +387,8 @@ def main() -> int:
                 if name == "gateway" or name.startswith("gateway@"):
                     level = name.split("@", 1)[1] if "@" in name else None
                     peer = start_gateway(name, level, REPO)
+                elif name == "gateway+mypyc":
+                    peer = start_gateway(name, None, compiled_build())
                 elif name.startswith("gateway="):
                     src, short = worktree(name.split("=", 1)[1], tmp)
                     worktrees.append(src)

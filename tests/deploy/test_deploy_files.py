@@ -193,9 +193,15 @@ def test_compose_keeps_real_engine_alternatives() -> None:
 
 def test_dockerfile() -> None:
     text = (DEPLOY / "Dockerfile").read_text(encoding="utf-8")
-    assert re.search(r"^FROM python:3\.11-slim\b", text, flags=re.M)
-    assert re.search(r"^RUN pip install \.", text, flags=re.M)
+    assert re.search(r"^FROM python:3\.11-slim AS build$", text, flags=re.M)
+    assert re.search(r"^ARG COMPILE=1$", text, flags=re.M)  # the compiled build by default
+    assert re.search(r"^COPY pyproject.toml setup.py README\* \./$", text, flags=re.M)
+    assert 'GATEWAY_COMPILE="$COMPILE" pip wheel --no-build-isolation --no-deps -w /wheels .' in text
+    assert re.search(r"^COPY --from=build /wheels /wheels$", text, flags=re.M)
+    assert re.search(r"^RUN pip install /wheels/\*\.whl", text, flags=re.M)
     assert 'ENTRYPOINT ["gateway"]' in text
+    ignore = (DEPLOY / "Dockerfile.dockerignore").read_text(encoding="utf-8").splitlines()
+    assert {"!pyproject.toml", "!setup.py", "!gateway/", "!engines/"} <= set(ignore)
 
 
 @pytest.mark.parametrize("path", [COMPOSE_DIR / "gateway.yaml", K8S_DIR / "gateway.yaml"], ids=_rel)
