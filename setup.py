@@ -1,14 +1,16 @@
 """The build. Plain `pip install .` (or `-e .`) installs the gateway as Python. With
 GATEWAY_COMPILE=1 the modules of the request path are compiled to C extensions with mypyc, the
 compiler that ships with mypy (the code is already typed for `mypy --strict`): the same source, about
-0.6x the CPU per request (docs/benchmarks.md, "Compiled build"). That needs a C compiler, and mypy
-in the build environment:
+0.75x the CPU per request of the Python install (docs/benchmarks.md, "Compiled build: what it
+removes"). That needs a C compiler, and mypy with the gateway's own dependencies (mypyc
+type-checks the code first) in the build environment:
 
-    pip install 'mypy>=1.10' setuptools wheel
-    GATEWAY_COMPILE=1 pip install --no-build-isolation .
+    pip install . 'mypy>=1.10' setuptools wheel types-PyYAML
+    GATEWAY_COMPILE=1 pip install --no-build-isolation --no-deps --force-reinstall .
 
-An editable install is never compiled: a compiled module would shadow later edits to its source.
-Why each module outside COMPILED stays Python: docs/design.md, "Compiled build"."""
+It never builds in place (an editable install, `develop`, `build_ext --inplace`): a compiled module
+would shadow every later edit of its source.
+Why each module outside COMPILED stays Python: docs/design.md, "A compiled build"."""
 
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ COMPILED = [
     "gateway/fleet/registry.py",
     "gateway/pipeline/accounting.py",
     "gateway/pipeline/admission.py",
+    "gateway/pipeline/attempts.py",
     "gateway/pipeline/edits.py",
     "gateway/pipeline/endpoint.py",
     "gateway/pipeline/enforcer.py",
@@ -68,8 +71,11 @@ COMPILED = [
 def _ext_modules() -> list[object]:
     if os.environ.get("GATEWAY_COMPILE") != "1":
         return []
-    if any(arg.startswith("editable") for arg in sys.argv):
-        sys.exit("GATEWAY_COMPILE=1 is for `pip install .`, not an editable install (see setup.py)")
+    args = sys.argv[1:]
+    if {"develop", "editable_wheel"} & set(args) or "--inplace" in args or "-i" in args:
+        sys.exit("GATEWAY_COMPILE=1 builds a wheel (`pip install .`), never in place: see setup.py")
+    if not {"build", "build_ext", "bdist_wheel"} & set(args):
+        return []  # metadata steps (egg_info, dist_info): nothing to compile yet
     from mypyc.build import mypycify
 
     return list(mypycify(COMPILED, opt_level="3"))

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Build the gateway with its request path compiled by mypyc (setup.py, GATEWAY_COMPILE=1) into a
 # folder keyed by a hash of the sources and the compiler, and print that folder's path:
-#   PYTHONPATH="$(bash deploy/build-compiled.sh)" python3 -m gateway.cli serve --config gateway.yaml
+#   PYTHONSAFEPATH=1 PYTHONPATH="$(bash deploy/build-compiled.sh)" python3 -m gateway.cli serve
+# (PYTHONSAFEPATH: `python -m` would put the current folder first on sys.path, and in a checkout its
+# Python modules would shadow the compiled ones.)
 # Cached under ${GATEWAY_CI_CACHE:-~/.cache/gateway-ci}/compiled; about 100 s on two cores when
 # the sources changed. Needs a C compiler; installs mypy, setuptools and wheel if they are missing.
 # The source tree is copied first, so no compiled module ever lands beside the code you edit.

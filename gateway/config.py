@@ -5,7 +5,6 @@ imports nothing else from the gateway."""
 from __future__ import annotations
 
 import fnmatch
-import functools
 import re
 from collections.abc import Mapping
 from typing import Annotated, Literal
@@ -242,14 +241,14 @@ class RouteConfig(_Model):
     aliases: Mapping[str, str] = {}
     """Client-facing names of this route that stand for a served model: `{my-model: Qwen/Qwen3-0.6B}`."""
 
-    # Cached (the config is frozen): both are read several times a request.
-    @functools.cached_property
+    @property
     def label(self) -> str:
         return self.name or self.model
 
-    @functools.cached_property
+    @property
     def is_glob(self) -> bool:
-        return any(c in self.model for c in "*?[")
+        model = self.model  # three `in` tests, not any() over a generator: read on every request
+        return "*" in model or "?" in model or "[" in model
 
 
 class GatewayConfig(_Model):

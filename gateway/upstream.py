@@ -259,21 +259,23 @@ class UpstreamClient:
                         conn = await pool.connect(origin)
                 except (OSError, TimeoutError, ssl.SSLError, UnicodeError) as exc:  # UnicodeError: IDNA
                     raise connect_error(exc, what) from None
+            stale = False  # (a flag, not a `continue`: mypyc compiles no continue inside a finally's try)
             heads.add(conn, limit, conn.time_out, loop)
             try:
                 await conn.request(head, body or b"")
                 await conn.wait_head()
             except (ConnectionClosed, BadResponse, OSError, TimedOut) as exc:
                 conn.close()
-                if reused and isinstance(exc, ConnectionClosed) and not conn.received:
-                    continue
-                raise translate(exc, what) from None
+                if not (reused and isinstance(exc, ConnectionClosed) and not conn.received):
+                    raise translate(exc, what) from None
+                stale = True
             except BaseException:
                 conn.close()  # cancelled: the engine must not go on with it
                 raise
             finally:
                 heads.discard(conn)
-            return UpstreamResponse(conn, pool, origin, what)
+            if not stale:
+                return UpstreamResponse(conn, pool, origin, what)
         raise UpstreamDisconnected(f"Backend {what} closed the connection.")
 
 

@@ -69,7 +69,9 @@ python3 -m pytest "$@"
 say "tests, compiled build (setup.py's mypyc modules, as deploy/Dockerfile builds them): the request path's tiers"
 # The same tests against the compiled modules: a build in a cache folder keyed by the sources, put
 # ahead of the checkout on sys.path; test_compiled.py fails the run if any listed module is not native.
+# PYTHONSAFEPATH: `python -m` (pytest here, `gateway.cli` in the tests' subprocesses) would put the
+# checkout first on sys.path, and its Python modules would shadow the compiled ones.
 native=$(bash deploy/build-compiled.sh)
-GATEWAY_EXPECT_COMPILED=1 python3 -m pytest -o pythonpath="$native" -p no:cacheprovider \
-    tests/unit tests/live tests/sim tests/integration "$@"
+PYTHONSAFEPATH=1 PYTHONPATH="$native:$PWD" GATEWAY_EXPECT_COMPILED=1 python3 -m pytest -o pythonpath="$native" \
+    -p no:cacheprovider tests/unit tests/live tests/sim tests/integration "$@"
 say "done"

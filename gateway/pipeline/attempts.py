@@ -69,81 +69,96 @@ class Attempts:
     ) -> None:
         """Raises GatewayError when nothing could be relayed; the caller renders it."""
         last_error: GatewayError | None = None
-        attempts = 0
         bodies: dict[tuple[str | None, str], bytes] = {}
-        for backend in order:
-            if attempts >= self._max_attempts:
+        for tried, backend in enumerate(order):  # every pass either attempts or leaves the loop
+            if tried >= self._max_attempts:
                 break
             took_retry = False
-            if attempts > 0:
+            if tried > 0:
                 if not self._capacity.try_take_retry():
                     self._metrics.retry_budget_exhausted.labels(ex.route).inc()
                     break
                 took_retry = True
                 self._metrics.retries.labels(ex.route, ex.pool).inc()
-            attempts += 1
             ex.backend, ex.backend_name = backend, backend.name
             gauge = self._accounting.in_flight(ex, backend)
             self._capacity.acquire(backend)
             gauge.inc(1)
             try:
-                target = protocol.target(inbound, backend.engine)
-                upstream_model = self._router.upstream_model(plan, backend, model, inbound.model)
-                body = bodies.get((upstream_model, target.path))
-                if body is None:
-                    body = bodies[(upstream_model, target.path)] = protocol.encode(
-                        inbound, edits, upstream_model, target
-                    )
-                try:
-                    if attempts == 1:
-                        self._accounting.sent(ex)
-                    resp = await self._upstream.post(
-                        backend.url + target.path, body, for_backend(headers, backend), backend.name
-                    )
-                except (UpstreamError, UpstreamTimeout) as exc:
-                    last_error = exc
-                    self._health.failure(backend, error_kind(exc))
-                    continue
-                if resp.status != 200:
-                    # The adapter reads the error first (docs/reliability.md defect 2): llama.cpp
-                    # answers some client mistakes with a 500, and those are the client's: a 400,
-                    # no retry, no failure counted against the backend. A 501 (the engine does not
-                    # serve this endpoint) is the deployment's gap: passed on, not retried, not counted.
-                    error = await _error_from(resp, backend)
-                    status = error.status_code
-                    if (status >= 500 and status != 501) or status == 429:
-                        last_error = error
-                        self._health.failure(
-                            backend, "status_429" if status == 429 else "status_5xx", penalise=status >= 500
-                        )
-                        continue
-                    raise error
-                self._router.learn(plan, backend.name)
-                if upstream_model is not None:  # an alias, a backend's `model:`, or a wildcard's rewrite
-                    ex.headers.append((b"x-gateway-model", upstream_model.encode("latin-1", "replace")))
-                try:
-                    if inbound.stream:
-                        await self._relay.stream(ex, send, resp, protocol, inbound, edits, target, owner)
-                    else:
-                        await self._relay.body(ex, send, resp, protocol, inbound, target)
-                except (UpstreamError, UpstreamTimeout) as exc:
-                    # The backend failed after its headers but before any byte reached the client
-                    # (defect 7): its failure, and another backend may still answer. A first-token
-                    # timeout or an over-long answer would only repeat: not retried.
-                    self._health.failure(backend, error_kind(exc))
-                    if ex.response_started or isinstance(exc, UpstreamTimeout | UpstreamTooLarge):
-                        raise
-                    last_error = exc
-                    continue
-                if ex.outcome == "success":
-                    self._health.success(backend)
-                return
+                failed = await self._attempt(
+                    ex, send, protocol, inbound, edits, model, headers, plan, backend, tried == 0, bodies, owner
+                )
             finally:
                 gauge.inc(-1)
                 self._capacity.release(backend)
                 if took_retry:
                     self._capacity.give_back_retry()
+            if failed is None:
+                return
+            last_error = failed
         raise last_error or NoHealthyBackend("No healthy backend is available.", retry_after=5)
+
+    async def _attempt(
+        self,
+        ex: Exchange,
+        send: Send,
+        protocol: ProtocolAdapter,
+        inbound: Inbound,
+        edits: Edits,
+        model: str | None,
+        headers: dict[str, str],
+        plan: Plan,
+        backend: Backend,
+        first: bool,
+        bodies: dict[tuple[str | None, str], bytes],
+        owner: IdleEnd,
+    ) -> GatewayError | None:
+        """One attempt on `backend`: None when it answered (relayed, or an error passed on by
+        raising), or the error that lets the next backend try."""
+        target = protocol.target(inbound, backend.engine)
+        upstream_model = self._router.upstream_model(plan, backend, model, inbound.model)
+        body = bodies.get((upstream_model, target.path))
+        if body is None:
+            body = bodies[(upstream_model, target.path)] = protocol.encode(inbound, edits, upstream_model, target)
+        try:
+            if first:
+                self._accounting.sent(ex)
+            resp = await self._upstream.post(
+                backend.url + target.path, body, for_backend(headers, backend), backend.name
+            )
+        except (UpstreamError, UpstreamTimeout) as exc:
+            self._health.failure(backend, error_kind(exc))
+            return exc
+        if resp.status != 200:
+            # The adapter reads the error first (docs/reliability.md defect 2): llama.cpp
+            # answers some client mistakes with a 500, and those are the client's: a 400,
+            # no retry, no failure counted against the backend. A 501 (the engine does not
+            # serve this endpoint) is the deployment's gap: passed on, not retried, not counted.
+            error = await _error_from(resp, backend)
+            status = error.status_code
+            if (status >= 500 and status != 501) or status == 429:
+                self._health.failure(backend, "status_429" if status == 429 else "status_5xx", penalise=status >= 500)
+                return error
+            raise error
+        self._router.learn(plan, backend.name)
+        if upstream_model is not None:  # an alias, a backend's `model:`, or a wildcard's rewrite
+            ex.headers.append((b"x-gateway-model", upstream_model.encode("latin-1", "replace")))
+        try:
+            if inbound.stream:
+                await self._relay.stream(ex, send, resp, protocol, inbound, edits, target, owner)
+            else:
+                await self._relay.body(ex, send, resp, protocol, inbound, target)
+        except (UpstreamError, UpstreamTimeout) as exc:
+            # The backend failed after its headers but before any byte reached the client
+            # (defect 7): its failure, and another backend may still answer. A first-token
+            # timeout or an over-long answer would only repeat: not retried.
+            self._health.failure(backend, error_kind(exc))
+            if ex.response_started or isinstance(exc, UpstreamTimeout | UpstreamTooLarge):
+                raise
+            return exc
+        if ex.outcome == "success":
+            self._health.success(backend)
+        return None
 
 
 async def _error_from(resp: UpstreamResponse, backend: Backend) -> GatewayError:

@@ -34,6 +34,8 @@ class GatewayCycle(RequestResponseCycle):
     """The request body received and not yet given to the app, as the parser gave it (uvicorn
     copies each chunk into a bytearray, then the bytearray into bytes)."""
     _size = 0
+    _ended = False
+    """The message with the body's end has been given to the app: a later receive() waits."""
 
     def add_body(self, chunk: bytes) -> int:
         """Keep a chunk of the request body; the bytes now waiting for receive()."""
@@ -51,13 +53,16 @@ class GatewayCycle(RequestResponseCycle):
             self.waiting_for_100_continue = False
         if not self.disconnected and not self.response_complete:
             self.flow.resume_reading()
-            if self.more_body and not self._chunks:
+            # Nothing to hand over (no chunk waiting, and the body's end already given or not yet
+            # here): wait, as uvicorn does, for more body, the disconnect or the response's end.
+            if not self._chunks and (self.more_body or self._ended):
                 await self.message_event.wait()
             self.message_event.clear()
         if self.disconnected or self.response_complete:
             return {"type": "http.disconnect"}
         chunks, self._chunks, self._size = self._chunks, (), 0
         body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        self._ended = not self.more_body
         return {"type": "http.request", "body": body, "more_body": self.more_body}
 
     async def send(self, message: Any) -> None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 import importlib
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -39,3 +41,12 @@ def test_under_the_compiled_build_every_listed_module_is_native() -> None:
     for path in compiled_modules():
         module = importlib.import_module(path.removesuffix(".py").replace("/", "."))
         assert module.__file__ is not None and module.__file__.endswith(".so"), module.__file__
+    # And in a child process from the checkout, as the CLI tests start `python -m gateway.cli`.
+    child = subprocess.run(
+        [sys.executable, "-c", "import gateway.pipeline.endpoint as m; print(m.__file__)"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert child.stdout.strip().endswith(".so"), child.stdout

@@ -152,3 +152,22 @@ async def test_pipelined_requests_are_answered_in_order_with_lower_case_names() 
     out = bytes(transport.out)
     assert out.count(b"HTTP/1.1 200 OK") == 2 and out.index(b"3 1") < out.index(b"5 1")
     assert b"content-type: text/plain\r\n" in out and b"Content-Type" not in out
+
+
+async def test_after_the_whole_body_receive_waits_for_the_disconnect() -> None:
+    got: list[str] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        assert (await receive())["body"] == b"hi"
+        got.append((await receive())["type"])  # nothing more to read: waits, as uvicorn's does
+
+    config = uvicorn.Config(app, http=protocol_class(30.0), lifespan="off", log_level="warning", proxy_headers=False)
+    config.load()
+    protocol = config.http_protocol_class(config=config, server_state=ServerState(), app_state={})  # type: ignore[call-arg]
+    protocol.connection_made(Transport())
+    protocol.data_received(_request(b"hi"))
+    await _settle()
+    assert got == []  # still waiting: an app looping on receive() for the disconnect does not spin
+    protocol.connection_lost(None)
+    await _settle()
+    assert got == ["http.disconnect"]
