@@ -287,6 +287,9 @@ def main() -> int:
     p.add_argument("--smoke", action="store_true", help="20 s: gateway vs floor; exit 1 past 2x the floor")
     p.add_argument("--fail-ratio", type=float, default=2.0, help="--smoke fails past this ratio to the floor")
     p.add_argument("--profile", type=Path, default=None, help="py-spy the first gateway peer, round 1")
+    p.add_argument(
+        "--native", action="store_true", help="with --profile: py-spy --native (the compiled build's C frames)"
+    )
     p.add_argument("--nice", type=int, default=0, help="as bench.py: a negative value keeps the cores (root)")
     p.add_argument("--json", type=Path, default=None, help="also write every raw figure here")
     p.add_argument("--out", type=Path, default=None, help="also write the tables here")
@@ -321,7 +324,7 @@ def main() -> int:
     env = Env(tmp, px_core, load_core, a.nice)
     t0 = time.monotonic()
     worktrees: list[Path] = []
-    prof = Profiler(a.profile, load_core)
+    prof = Profiler(a.profile, load_core, native=a.native)
     if a.profile is not None:
         a.profile.mkdir(parents=True, exist_ok=True)
 
