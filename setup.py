@@ -22,6 +22,7 @@ from setuptools import setup
 COMPILED = [
     "gateway/asgi.py",
     "gateway/deadlines.py",
+    "gateway/metric_types.py",
     "gateway/metrics.py",
     "gateway/access/gate.py",
     "gateway/access/keys.py",

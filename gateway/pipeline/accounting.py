@@ -9,7 +9,8 @@ from typing import Any
 
 from gateway import accesslog
 from gateway.fleet.registry import Backend
-from gateway.metrics import GatewayMetrics, PlainValue, observe_many
+from gateway.metric_types import PlainValue
+from gateway.metrics import GatewayMetrics, observe_many
 from gateway.pipeline.exchange import Exchange
 
 log = logging.getLogger("gateway.access")

@@ -80,7 +80,8 @@ def test_no_usage_counts_content_chunks_as_estimated() -> None:
 def test_observe_many_matches_observe_one_by_one() -> None:
     from prometheus_client import CollectorRegistry, Histogram
 
-    from gateway.metrics import FineHistogram, observe_many
+    from gateway.metric_types import FineHistogram
+    from gateway.metrics import observe_many
 
     values = [0.0, 0.0005, 0.001, 0.0011, 0.02, 0.02, 0.5, 3.0, 99.0]
     samples = []
