@@ -123,6 +123,13 @@ async def keep_alive(peer: Peer) -> None:
         await peer.send(ok())
 
 
+async def ten_of_a_hundred(peer: Peer) -> None:
+    """Sends the head and 10 of the 100 body bytes it announced, then waits for the client's close."""
+    await peer.request()
+    await peer.send(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n0123456789")
+    await peer.wait_eof()
+
+
 def headers_of(request: bytes) -> list[tuple[str, str]]:
     head = request.split(b"\r\n\r\n", 1)[0].decode()
     return [(n.strip().lower(), v.strip()) for n, _, v in (line.partition(":") for line in head.split("\r\n")[1:])]
@@ -200,12 +207,7 @@ async def test_a_cancelled_body_read_closes_its_connection() -> None:
     """The client left (or a limit passed) while a non-stream answer was still coming: the backend
     must see its connection closed, so that the engine stops."""
 
-    async def slow(peer: Peer) -> None:
-        await peer.request()
-        await peer.send(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n0123456789")
-        await peer.wait_eof()
-
-    async with serve(slow) as (backend, client):
+    async with serve(ten_of_a_hundred) as (backend, client):
         resp = await client.post(f"{backend.url}/v1/x", BODY, {}, "b1")
         task = asyncio.create_task(resp.read(5.0, 1000))
         await asyncio.sleep(0.1)
@@ -394,12 +396,7 @@ async def test_no_head_within_first_byte_s_is_a_timeout_and_closes_the_connectio
 
 
 async def test_a_body_slower_than_the_read_limit_is_a_timeout_and_closes_the_connection() -> None:
-    async def stalls(peer: Peer) -> None:
-        await peer.request()
-        await peer.send(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n0123456789")
-        await peer.wait_eof()
-
-    async with serve(stalls) as (backend, client):
+    async with serve(ten_of_a_hundred) as (backend, client):
         resp = await client.post(f"{backend.url}/v1/x", BODY, {}, "b1")
         started = time.monotonic()
         with pytest.raises(UpstreamTimeout):
