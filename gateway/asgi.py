@@ -1,13 +1,25 @@
-"""The ASGI types, declared once for the whole gateway (they are starlette's own), and the one scope
-key the gateway's server adds."""
+"""The ASGI types, declared once for the whole gateway (they are starlette's own), and the scope
+keys the gateway's server adds."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["ARRIVED", "CLIENT_GONE", "ASGIApp", "ClientGone", "Message", "Receive", "Scope", "Send"]
+__all__ = [
+    "ARRIVED",
+    "BODY_WRITER",
+    "CLIENT_GONE",
+    "ASGIApp",
+    "ChunkWriter",
+    "ClientGone",
+    "Message",
+    "Receive",
+    "Scope",
+    "Send",
+]
 
 ARRIVED = "gateway.arrived"
 """`time.perf_counter()` when the request's first byte was parsed (serving/protocol.py sets it; the
@@ -17,6 +29,34 @@ CLIENT_GONE = "gateway.client_gone"
 """A `ClientGone` hook (serving/protocol.py sets it): the endpoint hands it a callback for the moment
 the client's connection is lost before its response is complete, instead of a task that waits on
 `receive()` for `http.disconnect` (which it still runs under another server)."""
+
+
+BODY_WRITER = "gateway.body_writer"
+"""A callable (serving/protocol.py sets it) that gives a `ChunkWriter` for the response under way,
+or None where its chunks must go through `send`: the relay then writes a stream's middle from the
+upstream connection's callback, with no coroutine and no task wake a chunk. Under another server
+it is absent, and every chunk goes through `send`."""
+
+
+class ChunkWriter:
+    """What `send` does with a body message of a chunked response that has more to follow, done
+    at once on the connection's transport: `write(body)` returns False, writing nothing, where
+    `send` would wait first (the client's socket is full: flow control) or drop it (the client is
+    gone). The server's cycle makes one once the head is written (serving/cycle.py)."""
+
+    __slots__ = ("_flow", "_transport")
+
+    def __init__(self, transport: Any, flow: Any) -> None:
+        self._transport = transport
+        self._flow = flow
+        """uvicorn's FlowControl: `write_paused` while the transport is above its high-water mark."""
+
+    def write(self, body: bytes) -> bool:
+        if self._flow.write_paused or self._transport.is_closing():
+            return False
+        if body:
+            self._transport.write(b"%x\r\n%b\r\n" % (len(body), body))
+        return True
 
 
 class ClientGone:

@@ -13,7 +13,7 @@ import asyncio
 import json
 import socket
 import ssl
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from gateway.config import TimeoutsConfig
@@ -143,6 +143,15 @@ class UpstreamResponse:
             return await self._conn.read_chunk()
         except (ConnectionClosed, BadResponse, TimedOut, OSError) as exc:
             raise translate(exc, self._what) from None
+
+    def splice(self, sink: Callable[[bytes], bool]) -> bool:
+        """Hand the stream's later chunks to `sink` as they arrive (upstream_connection.py); False
+        when chunks are waiting to be read first, or the stream is over."""
+        return self._conn.splice(sink)
+
+    async def wait_spliced(self) -> None:
+        """Until the sink steps back, or the stream ends or fails: readany() then gives the rest."""
+        await self._conn.wait_spliced()
 
     def release(self) -> None:
         """Done with a complete answer: the connection goes back to the pool."""

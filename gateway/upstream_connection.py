@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from typing import cast
 
 import httptools
@@ -64,6 +65,9 @@ class UpstreamConnection(asyncio.Protocol):
         """Some byte of an answer came on this connection since its last request."""
         self.error: Exception | None = None
         self.idle_since = 0.0
+        self.sink: Callable[[bytes], bool] | None = None
+        """Takes each body chunk as it is parsed, in place of the buffer and a wake of the reader
+        (`splice()`), until it returns False: it took that chunk, and stepped back."""
         self.on_lost: list[UpstreamConnection] | None = None
         """The pool's idle list this connection sits in, if any (it leaves it when it closes)."""
 
@@ -138,6 +142,12 @@ class UpstreamConnection(asyncio.Protocol):
         self._wake()
 
     def on_body(self, body: bytes) -> None:
+        sink = self.sink
+        if sink is not None:
+            if not sink(body):
+                self.sink = None
+                self._wake()
+            return
         self._chunks.append(body)
         self.buffered += len(body)
         if self.buffered > HIGH_WATER and not self._paused and self.transport is not None:
@@ -198,6 +208,23 @@ class UpstreamConnection(asyncio.Protocol):
                 raise self.error
             await self._wait()
         return self.take()
+
+    def splice(self, sink: Callable[[bytes], bool]) -> bool:
+        """Hand each later body chunk to `sink`, in the parser's callback, until it returns False;
+        False, attaching nothing, when chunks are already waiting or the answer is over (read them)."""
+        if self._chunks or self.complete or self.error is not None or self.closed:
+            return False
+        self.sink = sink
+        return True
+
+    async def wait_spliced(self) -> None:
+        """Until the sink steps back or the answer ends or fails (read_chunk() then says which);
+        the sink is detached however this ends, a cancellation included."""
+        try:
+            while self.sink is not None and not self.complete and self.error is None:
+                await self._wait()
+        finally:
+            self.sink = None
 
     @property
     def reusable(self) -> bool:

@@ -10,7 +10,7 @@ import json
 import time
 from typing import Literal, Protocol
 
-from gateway.asgi import Send
+from gateway.asgi import ChunkWriter, Send
 from gateway.errors import EngineError, GatewayError, ShuttingDown, UpstreamError, UpstreamTimeout
 from gateway.fleet.health import PassiveHealth
 from gateway.fleet.registry import Backend
@@ -20,7 +20,7 @@ from gateway.pipeline.edits import Edits
 from gateway.pipeline.exchange import Exchange, Outcome
 from gateway.pipeline.headers import SSE, response_headers
 from gateway.policy.caps import engine_truncated
-from gateway.protocols.base import Inbound, ProtocolAdapter, Target
+from gateway.protocols.base import Inbound, ProtocolAdapter, SseObserver, StreamTransform, Target
 from gateway.serving.lifecycle import Lifecycle
 from gateway.upstream import UpstreamResponse
 
@@ -58,6 +58,82 @@ class IdleWatch:
 
     def close(self) -> None:
         self._handle.cancel()
+
+
+class Splice:
+    """The middle of a stream relayed from the upstream connection's parser callback: each chunk
+    observed, transformed and written to the client through the server's `ChunkWriter` at once,
+    with no future, no task wake and no coroutine a chunk (the relay's loop cost about as much
+    again as the work itself; docs/benchmarks.md). It steps back (returns False) when the writer
+    cannot take a chunk now (the client's socket is full, or it is gone): the relay's task then
+    sends what it holds (`pending`) through `send`, which waits for the drain, and splices again."""
+
+    __slots__ = (
+        "_accounting",
+        "_ex",
+        "_loop",
+        "_observer",
+        "_transform",
+        "_watch",
+        "chunks",
+        "error",
+        "pending",
+        "relay_s",
+        "writer",
+    )
+
+    def __init__(
+        self,
+        ex: Exchange,
+        observer: SseObserver,
+        transform: StreamTransform | None,
+        writer: ChunkWriter | None,
+        watch: IdleWatch,
+        accounting: Accounting,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self._ex = ex
+        self._observer = observer
+        self._transform = transform
+        self.writer = writer
+        """The server's, where it offers one: without it every chunk goes through the task."""
+        self._watch = watch
+        self._accounting = accounting
+        self._loop = loop
+        self.pending = b""
+        """Bytes for the client that the writer did not take: the task sends them."""
+        self.error: Exception | None = None
+        """What a chunk's handling raised (a bug): the task raises it."""
+        self.relay_s = 0.0
+        self.chunks = 0
+
+    def feed(self, chunk: bytes) -> bytes:
+        """One upstream read observed, counted and transformed: the bytes for the client."""
+        t0 = time.perf_counter()
+        self._watch.last = self._loop.time()
+        self.chunks += 1
+        observer, ex = self._observer, self._ex
+        out = observer.feed(chunk, t0)
+        if observer.content_events - ex.streamed_tokens >= _COUNT_EVERY:
+            self._accounting.count_streamed(ex, observer.content_events)
+        if self._transform is not None:
+            out = self._transform.feed(out)
+        self.relay_s += time.perf_counter() - t0
+        return out
+
+    def __call__(self, chunk: bytes) -> bool:
+        """The connection's sink (`UpstreamConnection.splice`): one read relayed now; False when
+        the task must take over (the writer refused the bytes, kept in `pending`, or a bug)."""
+        assert self.writer is not None  # spliced only with a writer
+        try:
+            out = self.feed(chunk)
+        except Exception as exc:  # in the connection's callback: hand it to the task, which raises it
+            self.error = exc
+            return False
+        if out and not self.writer.write(out):
+            self.pending = out
+            return False
+        return True
 
 
 class IdleEnd(Protocol):
@@ -164,6 +240,7 @@ class Relay:
         relay_s = 0.0
         chunks = 0
         watch = IdleWatch(self._idle_s, owner, ex, resp)
+        splice: Splice | None = None
         try:
             first = await self._first_chunk(ex, send, resp)
             if not first and not ex.response_started:  # a clean, empty stream: retried by the attempts
@@ -190,21 +267,23 @@ class Relay:
             relay_s += clock() - t0
             chunks += 1
             watch.last = loop.time()
+            writer = ex.chunk_writer() if ex.chunk_writer is not None else None  # the head is out now
+            splice = Splice(ex, observer, transform, writer, watch, self._accounting, loop)
             while first:
-                chunk = await resp.readany()
-                if not chunk:
-                    break
-                t0 = clock()
-                watch.last = loop.time()
-                out = observer.feed(chunk, t0)
-                if observer.content_events - ex.streamed_tokens >= _COUNT_EVERY:
-                    self._accounting.count_streamed(ex, observer.content_events)
-                if transform is not None:
-                    out = transform.feed(out)
-                if out:
-                    await send({"type": "http.response.body", "body": out, "more_body": True})
-                relay_s += clock() - t0
-                chunks += 1
+                if splice.writer is not None and resp.splice(splice):
+                    await resp.wait_spliced()
+                    if splice.error is not None:
+                        raise splice.error
+                    if splice.pending:
+                        out, splice.pending = splice.pending, b""
+                        await send({"type": "http.response.body", "body": out, "more_body": True})
+                else:
+                    chunk = await resp.readany()
+                    if not chunk:
+                        break
+                    out = splice.feed(chunk)
+                    if out:
+                        await send({"type": "http.response.body", "body": out, "more_body": True})
             rest = observer.flush()
             if not observer.done:
                 raise StreamCut(
@@ -226,6 +305,9 @@ class Relay:
             raise
         finally:
             watch.close()
+            if splice is not None:  # the chunks after the first
+                relay_s += splice.relay_s
+                chunks += splice.chunks
             self._metrics.child(self._metrics.relay_seconds, ex.route).inc(relay_s)
             self._metrics.child(self._metrics.relay_chunks, ex.route).inc(chunks)
 

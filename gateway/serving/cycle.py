@@ -19,6 +19,8 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, RequestResponseCycle
 
+from gateway.asgi import ChunkWriter
+
 # uvicorn's HEADER_RE and HEADER_VALUE_RE, as byte sets: a name is a token, a value has no control
 # byte but tab.
 _BAD_NAME = bytes(range(0x20)) + b'\x7f()<>@,;:[]={} \t\\"'
@@ -106,6 +108,19 @@ class GatewayCycle(RequestResponseCycle):
             if not self.keep_alive:
                 self.transport.close()
             self.on_response()
+
+    def chunk_writer(self) -> ChunkWriter | None:
+        """A writer for the rest of this response's body (asgi.BODY_WRITER), once its head is
+        written with chunked framing; None before, after, for HEAD, or once the client is gone."""
+        if (
+            self._head
+            or not self.chunked_encoding
+            or self.disconnected
+            or self.response_complete
+            or self.scope["method"] == "HEAD"
+        ):
+            return None
+        return ChunkWriter(self.transport, self.flow)
 
     def _encode_head(self, status: int, given: Any) -> bytes:
         headers = [*self.default_headers, *given]

@@ -12,13 +12,13 @@ from __future__ import annotations
 import asyncio
 import time
 import urllib.parse
-from typing import Any
+from typing import Any, cast
 
 import httptools
 from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT, service_unavailable
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from gateway.asgi import ARRIVED, CLIENT_GONE, ClientGone
+from gateway.asgi import ARRIVED, BODY_WRITER, CLIENT_GONE, ClientGone
 from gateway.deadlines import Deadlines
 from gateway.errors import HeaderTooLarge
 from gateway.serving.cycle import GatewayCycle
@@ -150,6 +150,7 @@ def protocol_class(
                 keep_alive=http_version != "1.0" and parser.should_keep_alive(),
                 on_response=self.on_response_complete,
             )
+            cast(dict[str, Any], scope)[BODY_WRITER] = self.cycle.chunk_writer  # a key of the gateway's own
             if existing is None or existing.response_complete:
                 self._start_asgi_task(self.cycle, app)
             else:  # pipelined: queued, as uvicorn does

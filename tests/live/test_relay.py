@@ -3,12 +3,14 @@ client and with raw HTTP, against simulated engines."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import httpx
 import openai
 import pytest
 
+from gateway.upstream import UpstreamResponse
 from tests.live.conftest import StackFactory, chat, content_of, sim_params, sse_events
 
 pytestmark = pytest.mark.live
@@ -190,3 +192,95 @@ async def test_metrics_page_is_gzipped_when_the_scraper_accepts_it(make_stack: S
     done = [line for line in packed.text.splitlines() if line.startswith("gateway_requests_total{")]
     assert done == [line for line in plain.text.splitlines() if line.startswith("gateway_requests_total{")]
     assert done and done[0].endswith(" 1.0")
+
+
+async def test_a_streams_middle_is_relayed_without_waking_the_request_task(
+    make_stack: StackFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gateway's server offers a chunk writer (asgi.BODY_WRITER), and the relay hands it each
+    chunk from the upstream connection's callback: the request's task reads the first chunk and the
+    end, not each of the 30 chunks in between (docs/design.md, "The relay")."""
+    reads = 0
+    readany = UpstreamResponse.readany
+
+    async def counted(self: UpstreamResponse) -> bytes:
+        nonlocal reads
+        reads += 1
+        return await readany(self)
+
+    monkeypatch.setattr(UpstreamResponse, "readany", counted)
+    stack = await make_stack()
+    body = chat(stream=True, max_tokens=30, stream_options={"include_usage": True})
+    async with httpx.AsyncClient() as client:
+        direct = await client.post(
+            stack.sims["vllm-0"].base_url + "/v1/chat/completions",
+            json=body,
+            headers={"x-sim-fault": "chunk_delay=0.005"},
+        )
+        reads = 0
+        via = await client.post(
+            stack.base_url + "/v1/chat/completions", json=body, headers={"x-sim-fault": "chunk_delay=0.005"}
+        )
+    d, v = sse_events(direct.content), sse_events(via.content)
+    assert content_of(v) == content_of(d) and v[-1] == "[DONE]" and len(v) == len(d)
+    assert reads <= 3, f"the request task read {reads} times: the stream went chunk by chunk through it"
+    assert stack.total("gateway_output_tokens_total", source="usage") == 30
+
+
+async def test_a_client_that_reads_slowly_gets_the_whole_stream_in_order(make_stack: StackFactory) -> None:
+    """Flow control on the direct path: a client that stops reading for a while fills its socket;
+    the relay steps back to `send` (which waits for the drain), then takes the direct path again.
+    Not a byte is lost, doubled or reordered."""
+    import socket
+
+    stack = await make_stack(
+        pools={
+            "vllm": [
+                sim_params(base_step_s=1e-5, per_seq_step_s=0.0, context_limit=1_000_000, kv_budget_tokens=10_000_000)
+            ]
+        },
+        timeouts={"idle_s": 30, "keepalive_s": 0},
+    )
+    body = chat(stream=True, max_tokens=20_000, stream_options={"include_usage": True})
+    async with httpx.AsyncClient(timeout=60) as client:
+        direct = await client.post(stack.sims["vllm-0"].base_url + "/v1/chat/completions", json=body)
+    host, port = stack.base_url.removeprefix("http://").split(":")
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    loop = asyncio.get_running_loop()
+    await loop.sock_connect(sock, (host, int(port)))
+    raw = json.dumps(body).encode()
+    head = "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+    await loop.sock_sendall(sock, f"{head}content-length: {len(raw)}\r\n\r\n".encode() + raw)
+    await asyncio.sleep(1.0)  # not reading: the gateway's writes back up
+    received = bytearray()
+    try:
+        async with asyncio.timeout(60):
+            while not received.endswith(b"\r\n0\r\n\r\n"):
+                data = await loop.sock_recv(sock, 65536)
+                assert data, "the gateway closed the connection before the stream's end"
+                received += data
+                if len(received) % 7 == 0:
+                    await asyncio.sleep(0.001)  # and reads slowly after
+    finally:
+        sock.close()
+    head_end = received.index(b"\r\n\r\n") + 4
+    assert received[:head_end].startswith(b"HTTP/1.1 200")
+    payload = _unchunk(bytes(received[head_end:]))
+    d, v = sse_events(direct.content), sse_events(payload)
+    assert len(v) == len(d) and v[-1] == "[DONE]"
+    assert content_of(v) == content_of(d)
+    await stack.wait_metric("gateway_requests_total", 1, timeout=10, outcome="success")
+
+
+def _unchunk(data: bytes) -> bytes:
+    out, at = bytearray(), 0
+    while True:
+        line_end = data.index(b"\r\n", at)
+        size = int(data[at:line_end], 16)
+        if size == 0:
+            return bytes(out)
+        out += data[line_end + 2 : line_end + 2 + size]
+        assert data[line_end + 2 + size : line_end + 4 + size] == b"\r\n"
+        at = line_end + 4 + size

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from uvicorn.protocols.http.flow_control import FlowControl
 
+from gateway.asgi import ChunkWriter
 from gateway.serving.cycle import GatewayCycle
 
 pytestmark = pytest.mark.unit
@@ -98,3 +99,60 @@ async def test_a_tab_in_a_value_is_allowed_and_a_short_body_is_an_error() -> Non
     await c.send({"type": "http.response.start", "status": 200, "headers": headers})
     with pytest.raises(RuntimeError, match="shorter than Content-Length"):
         await c.send({"type": "http.response.body", "body": b"abc", "more_body": False})
+
+
+async def test_a_chunk_writer_is_offered_once_a_chunked_head_is_out_and_writes_like_send() -> None:
+    transport = Transport()
+    c = cycle(transport)
+    assert c.chunk_writer() is None  # no head yet
+    await c.send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+    assert c.chunk_writer() is None  # the head waits for the first body message
+    await c.send({"type": "http.response.body", "body": b"data: 1\n\n", "more_body": True})
+    writer = c.chunk_writer()
+    assert writer is not None and writer.write(b"data: 2\n\n")
+    await c.send({"type": "http.response.body", "body": b"", "more_body": False})
+    assert transport.writes[1:] == [b"9\r\ndata: 2\n\n\r\n", b"0\r\n\r\n"]  # what send() would have written
+    assert c.chunk_writer() is None  # complete
+
+
+async def test_no_chunk_writer_for_a_content_length_answer_or_a_head_request() -> None:
+    transport = Transport()
+    c = cycle(transport)
+    headers = [(b"content-length", b"4")]
+    await c.send({"type": "http.response.start", "status": 200, "headers": headers})
+    await c.send({"type": "http.response.body", "body": b"ab", "more_body": True})
+    assert c.chunk_writer() is None
+    head = cycle(Transport())
+    head.scope["method"] = "HEAD"
+    await head.send({"type": "http.response.start", "status": 200, "headers": []})
+    await head.send({"type": "http.response.body", "body": b"", "more_body": True})
+    assert head.chunk_writer() is None
+
+
+class _Transport:
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+        self.closing = False
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+
+class _Flow:
+    write_paused = False
+
+
+def test_a_chunk_writer_frames_each_chunk_and_refuses_while_paused_or_gone() -> None:
+    transport, flow = _Transport(), _Flow()
+    writer = ChunkWriter(transport, flow)
+    assert writer.write(b"data: 1\n\n") and writer.write(b"")
+    assert transport.written == [b"9\r\ndata: 1\n\n\r\n"]  # an empty body writes nothing (it would end the body)
+    flow.write_paused = True
+    assert not writer.write(b"data: 2\n\n")
+    flow.write_paused = False
+    transport.closing = True
+    assert not writer.write(b"data: 3\n\n")
+    assert transport.written == [b"9\r\ndata: 1\n\n\r\n"]

@@ -175,6 +175,89 @@ async def test_a_chunked_answer_is_streamed_chunk_by_chunk_and_its_connection_re
         assert backend.connections == 1 and len(backend.requests) == 2
 
 
+async def test_a_spliced_stream_goes_to_its_sink_in_order_until_the_sink_steps_back() -> None:
+    """splice(): each chunk goes to the sink as it is parsed, none is buffered and the reader is not
+    woken for it; a sink that returns False has taken that chunk and is detached, and the chunks
+    after it are buffered for readany() again, in order. The connection is reusable at the end."""
+    parts = [b"data: %d\n\n" % i for i in range(6)]
+
+    async def stream(peer: Peer) -> None:
+        while True:
+            await peer.request()
+            await peer.send(CHUNKED_HEAD)
+            for part in parts:
+                await asyncio.sleep(0.01)
+                await peer.send(chunk(part))
+            await asyncio.sleep(0.01)
+            await peer.send(LAST_CHUNK)
+
+    async with serve(stream) as (backend, client):
+        resp = await client.post(f"{backend.url}/v1/x", BODY, {}, "b1")
+        taken: list[bytes] = []
+
+        def sink(data: bytes) -> bool:
+            taken.append(data)
+            return len(taken) < 3  # steps back with the third
+
+        assert resp.splice(sink)
+        await resp.wait_spliced()
+        assert taken == parts[:3] and not resp.unread()
+        rest: list[bytes] = []
+        while data := await resp.readany():
+            rest.append(data)
+        assert b"".join(rest) == b"".join(parts[3:])
+        assert not resp.splice(sink)  # the answer is over: nothing to attach to
+        resp.release()
+        assert await answer_of_stream(client, backend) == b"".join(parts)  # the same connection again
+        assert backend.connections == 1
+
+
+async def answer_of_stream(client: UpstreamClient, backend: Backend) -> bytes:
+    resp = await client.post(f"{backend.url}/v1/x", BODY, {}, "b1")
+    received: list[bytes] = []
+
+    def sink(data: bytes) -> bool:
+        received.append(data)
+        return True
+
+    assert resp.splice(sink)
+    await resp.wait_spliced()  # returns at the answer's end: the sink never stepped back
+    assert await resp.readany() == b""
+    resp.release()
+    return b"".join(received)
+
+
+async def test_splice_is_refused_while_chunks_wait_and_a_cancelled_wait_detaches_the_sink() -> None:
+    async def stream(peer: Peer) -> None:
+        await peer.request()
+        await peer.send(CHUNKED_HEAD + chunk(b"data: early\n\n"))
+        await asyncio.sleep(0.3)
+        await peer.send(chunk(b"data: late\n\n"))
+        await peer.wait_eof()
+
+    async with serve(stream) as (backend, client):
+        resp = await client.post(f"{backend.url}/v1/x", BODY, {}, "b1")
+        while not resp.unread():
+            await asyncio.sleep(0.005)
+        taken: list[bytes] = []
+
+        def sink(data: bytes) -> bool:
+            taken.append(data)
+            return True
+
+        assert not resp.splice(sink)  # "early" waits: read it first
+        assert await resp.readany() == b"data: early\n\n"
+        assert resp.splice(sink)
+        waiting = asyncio.ensure_future(resp.wait_spliced())
+        await asyncio.sleep(0.05)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert await resp.readany() == b"data: late\n\n"  # buffered again: the sink is gone
+        assert taken == []
+        resp.close()
+
+
 async def test_an_answer_ended_by_the_close_is_complete_and_its_connection_not_reused() -> None:
     async def until_close(peer: Peer) -> None:
         await peer.request()
@@ -745,6 +828,7 @@ ON_UVLOOP: list[Callable[[], Coroutine[Any, Any, None]]] = [
     test_garbage_instead_of_a_response_is_an_upstream_error,
     test_a_reader_that_does_not_read_holds_the_backend_up,
     test_closing_an_unfinished_stream_closes_its_connection_at_once,
+    test_a_spliced_stream_goes_to_its_sink_in_order_until_the_sink_steps_back,
 ]
 
 
