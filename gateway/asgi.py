@@ -12,6 +12,7 @@ __all__ = [
     "ARRIVED",
     "BODY_WRITER",
     "CLIENT_GONE",
+    "LOOP",
     "ASGIApp",
     "ChunkWriter",
     "ClientGone",
@@ -30,6 +31,11 @@ CLIENT_GONE = "gateway.client_gone"
 the client's connection is lost before its response is complete, instead of a task that waits on
 `receive()` for `http.disconnect` (which it still runs under another server)."""
 
+
+LOOP = "gateway.loop"
+"""The event loop the request runs on (serving/protocol.py sets it): `asyncio.current_task(loop)`
+with it is a dict lookup, where `asyncio.current_task()` first asks for the running loop, which on
+CPython 3.11 makes a getpid() syscall each time."""
 
 BODY_WRITER = "gateway.body_writer"
 """A callable (serving/protocol.py sets it) that gives a `ChunkWriter` for the response under way,

@@ -144,6 +144,11 @@ class UpstreamResponse:
         except (ConnectionClosed, BadResponse, TimedOut, OSError) as exc:
             raise translate(exc, self._what) from None
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The loop its connection runs on."""
+        return self._conn.loop
+
     def splice(self, sink: Callable[[bytes], bool]) -> bool:
         """Hand the stream's later chunks to `sink` as they arrive (upstream_connection.py); False
         when chunks are waiting to be read first, or the stream is over."""
@@ -258,7 +263,6 @@ class UpstreamClient:
         origin, host, path = parts
         head = _head(method, path, host, headers, body, what)
         pool, heads = self._pool, self._heads
-        loop = asyncio.get_running_loop()
         for attempt in range(2):
             conn = pool.take(origin) if attempt == 0 else None  # the retry: a new connection
             reused = conn is not None
@@ -269,7 +273,7 @@ class UpstreamClient:
                 except (OSError, TimeoutError, ssl.SSLError, UnicodeError) as exc:  # UnicodeError: IDNA
                     raise connect_error(exc, what) from None
             stale = False  # (a flag, not a `continue`: mypyc compiles no continue inside a finally's try)
-            heads.add(conn, limit, conn.time_out, loop)
+            heads.add(conn, limit, conn.time_out, conn.loop)
             try:
                 await conn.request(head, body or b"")
                 await conn.wait_head()

@@ -39,7 +39,8 @@ class UpstreamConnection(asyncio.Protocol):
     `read_chunk()` and `complete` read the answer; `reusable` says whether it can serve another."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+        self.loop = loop
+        """The loop it runs on (asyncio.get_running_loop() costs a getpid() syscall a call on CPython 3.11)."""
         self.transport: asyncio.Transport | None = None
         self._parser: httptools.HttpResponseParser | None = httptools.HttpResponseParser(self)
         """Holds this protocol for its callbacks: dropped when the connection is lost, so that a closed
@@ -109,7 +110,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         if self._drain is None or self._drain.done():
-            self._drain = self._loop.create_future()
+            self._drain = self.loop.create_future()
 
     def resume_writing(self) -> None:
         if self._drain is not None and not self._drain.done():
@@ -252,7 +253,7 @@ class UpstreamConnection(asyncio.Protocol):
     # -- internals ---------------------------------------------------------------------------------
 
     async def _wait(self) -> None:
-        waiter = self._waiter = self._loop.create_future()
+        waiter = self._waiter = self.loop.create_future()
         try:
             await waiter
         finally:

@@ -77,7 +77,7 @@ class ConnectionPool:
         conn.on_lost = idle
         idle.append(conn)
         if self._sweeper is None:
-            self._sweeper = asyncio.get_running_loop().call_later(IDLE_S / 3, self._sweep)
+            self._sweeper = conn.loop.call_later(IDLE_S / 3, self._sweep)
 
     def _sweep(self) -> None:
         """Close the connections idle past IDLE_S (the oldest are first in each list)."""

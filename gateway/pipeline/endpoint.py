@@ -17,7 +17,7 @@ from typing import Any
 
 from gateway.access.gate import AccessGate
 from gateway.access.keys import ClientKey
-from gateway.asgi import ARRIVED, BODY_WRITER, CLIENT_GONE, Receive, Scope, Send
+from gateway.asgi import ARRIVED, BODY_WRITER, CLIENT_GONE, LOOP, Receive, Scope, Send
 from gateway.config import GatewayConfig, RouteConfig
 from gateway.errors import (
     GatewayError,
@@ -111,7 +111,7 @@ class CompletionEndpoint:
         if arrived is not None:
             ex.started = arrived
             ex.chunk_writer = scope.get(BODY_WRITER)
-        task = asyncio.current_task()
+        task = asyncio.current_task(scope.get(LOOP))  # the loop from the server: no getpid() (asgi.LOOP)
         assert task is not None
         ending = RequestEnd(task)
         watcher: asyncio.Task[None] | None = None

@@ -39,8 +39,10 @@ class IdleWatch:
 
     __slots__ = ("_end", "_ex", "_handle", "_idle_s", "_loop", "_resp", "last")
 
-    def __init__(self, idle_s: float, end: IdleEnd, ex: Exchange, resp: UpstreamResponse) -> None:
-        self._loop = asyncio.get_running_loop()
+    def __init__(
+        self, idle_s: float, end: IdleEnd, ex: Exchange, resp: UpstreamResponse, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        self._loop = loop
         self._end = end
         self._ex = ex
         self._resp = resp
@@ -235,11 +237,11 @@ class Relay:
         observer = protocol.observer(inbound, edits, target)
         transform = protocol.stream_transform(inbound, target)
         ex.observer = observer
-        loop = asyncio.get_running_loop()
+        loop = resp.loop
         clock = time.perf_counter
         relay_s = 0.0
         chunks = 0
-        watch = IdleWatch(self._idle_s, owner, ex, resp)
+        watch = IdleWatch(self._idle_s, owner, ex, resp, loop)
         splice: Splice | None = None
         try:
             first = await self._first_chunk(ex, send, resp)
@@ -313,30 +315,28 @@ class Relay:
 
     async def _first_chunk(self, ex: Exchange, send: Send, resp: UpstreamResponse) -> bytes:
         """Wait for the first chunk, holding back the client's headers so that an error there can
-        still become a proper HTTP error; past keepalive_s, start the stream and ping instead."""
-        limit = self._first_token_s
+        still become a proper HTTP error; past keepalive_s, start the stream and ping instead. A
+        read that a ping's timer cuts loses nothing: its bytes stay in the connection's buffer.
+        (One timer on this task, not a second task and asyncio.wait: ~10 us a stream less.)"""
+        if resp.unread():  # the first chunk came with the head: no timer
+            return await resp.readany()
+        keepalive = self._keepalive_s
+        loop = resp.loop
+        deadline = loop.time() + self._first_token_s
         try:
-            if self._keepalive_s <= 0:
-                async with asyncio.timeout(limit):
-                    return await resp.readany()
-            read = asyncio.ensure_future(resp.readany())
-            deadline = asyncio.get_running_loop().time() + limit
-            try:
-                while True:
-                    left = deadline - asyncio.get_running_loop().time()
-                    if left <= 0:
-                        raise TimeoutError
-                    done, _ = await asyncio.wait((read,), timeout=min(self._keepalive_s, left))
-                    if done:
-                        return read.result()
-                    if left <= self._keepalive_s:  # the deadline passed, not the ping interval: 504
-                        raise TimeoutError
-                    if not ex.response_started:
-                        await self._start_stream(ex, send)
-                    await send({"type": "http.response.body", "body": _PING, "more_body": True})
-            finally:
-                if not read.done():
-                    read.cancel()
+            while True:
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise TimeoutError
+                try:
+                    async with asyncio.timeout(left if keepalive <= 0 else min(keepalive, left)):
+                        return await resp.readany()
+                except TimeoutError:
+                    if keepalive <= 0 or left <= keepalive:  # the deadline passed, not the ping interval: 504
+                        raise
+                if not ex.response_started:
+                    await self._start_stream(ex, send)
+                await send({"type": "http.response.body", "body": _PING, "more_body": True})
         except TimeoutError:
             raise StreamCut("timeout_ttfb", f"Backend {ex.backend_name} sent no first token in time.") from None
 
