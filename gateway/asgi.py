@@ -38,17 +38,17 @@ with it is a dict lookup, where `asyncio.current_task()` first asks for the runn
 CPython 3.11 makes a getpid() syscall each time."""
 
 BODY_WRITER = "gateway.body_writer"
-"""A callable (serving/protocol.py sets it) that gives a `ChunkWriter` for the response under way,
-or None where its chunks must go through `send`: the relay then writes a stream's middle from the
-upstream connection's callback, with no coroutine and no task wake a chunk. Under another server
-it is absent, and every chunk goes through `send`."""
+"""A `ChunkWriter` for the rest of the response's body, which the server's cycle (serving/cycle.py)
+puts in the scope once the head is out with chunked framing: the relay then writes a stream's
+middle from the upstream connection's callback, with no coroutine and no task wake a chunk. Absent
+before, for other framings, and under another server: every chunk then goes through `send`."""
 
 
 class ChunkWriter:
     """What `send` does with a body message of a chunked response that has more to follow, done
     at once on the connection's transport: `write(body)` returns False, writing nothing, where
     `send` would wait first (the client's socket is full: flow control) or drop it (the client is
-    gone). The server's cycle makes one once the head is written (serving/cycle.py)."""
+    gone)."""
 
     __slots__ = ("_flow", "_transport")
 

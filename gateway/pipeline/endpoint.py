@@ -17,7 +17,7 @@ from typing import Any
 
 from gateway.access.gate import AccessGate
 from gateway.access.keys import ClientKey
-from gateway.asgi import ARRIVED, BODY_WRITER, CLIENT_GONE, LOOP, Receive, Scope, Send
+from gateway.asgi import ARRIVED, CLIENT_GONE, LOOP, Receive, Scope, Send
 from gateway.config import GatewayConfig, RouteConfig
 from gateway.errors import (
     GatewayError,
@@ -110,7 +110,7 @@ class CompletionEndpoint:
         arrived = scope.get(ARRIVED)  # set by serving/protocol.py; absent under another server
         if arrived is not None:
             ex.started = arrived
-            ex.chunk_writer = scope.get(BODY_WRITER)
+            ex.scope = scope  # type: ignore[assignment]  # (a TypedDict to starlette)
         task = asyncio.current_task(scope.get(LOOP))  # the loop from the server: no getpid() (asgi.LOOP)
         assert task is not None
         ending = RequestEnd(task)

@@ -4,11 +4,9 @@ steps fill in, read once at the end by accounting. It computes nothing."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from gateway.asgi import ChunkWriter
 from gateway.fleet.registry import Backend
 from gateway.metrics import NONE
 from gateway.metrics import Outcome as Outcome
@@ -56,8 +54,9 @@ class Exchange:
     """The idle limit passed while the backend's bytes waited unread: the client stopped reading."""
     answer_id: str | None = None
     """The id of state the backend stored for this answer (a Responses id), recorded at the end."""
-    chunk_writer: Callable[[], ChunkWriter | None] | None = None
-    """Where the server offers one (asgi.BODY_WRITER): gives the relay a writer for a stream's middle."""
+    scope: dict[str, Any] | None = None
+    """The request's scope where the gateway's own server runs it: the relay finds the stream's
+    ChunkWriter there (asgi.BODY_WRITER) once the head is out."""
     streamed_tokens: int = 0
     """Output tokens already added to gateway_output_tokens_total while the stream was relayed."""
 

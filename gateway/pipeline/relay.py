@@ -10,7 +10,7 @@ import json
 import time
 from typing import Literal, Protocol
 
-from gateway.asgi import ChunkWriter, Send
+from gateway.asgi import BODY_WRITER, ChunkWriter, Send
 from gateway.errors import EngineError, GatewayError, ShuttingDown, UpstreamError, UpstreamTimeout
 from gateway.fleet.health import PassiveHealth
 from gateway.fleet.registry import Backend
@@ -109,33 +109,34 @@ class Splice:
         self.relay_s = 0.0
         self.chunks = 0
 
-    def feed(self, chunk: bytes) -> bytes:
-        """One upstream read observed, counted and transformed: the bytes for the client."""
-        t0 = time.perf_counter()
+    def feed(self, chunk: bytes, now: float) -> bytes:
+        """One upstream chunk observed, counted and transformed: the bytes for the client (the
+        caller times the step, the write included, into `relay_s`)."""
         self._watch.last = self._loop.time()
         self.chunks += 1
         observer, ex = self._observer, self._ex
-        out = observer.feed(chunk, t0)
+        out = observer.feed(chunk, now)
         if observer.content_events - ex.streamed_tokens >= _COUNT_EVERY:
             self._accounting.count_streamed(ex, observer.content_events)
         if self._transform is not None:
             out = self._transform.feed(out)
-        self.relay_s += time.perf_counter() - t0
         return out
 
     def __call__(self, chunk: bytes) -> bool:
-        """The connection's sink (`UpstreamConnection.splice`): one read relayed now; False when
-        the task must take over (the writer refused the bytes, kept in `pending`, or a bug)."""
-        assert self.writer is not None  # spliced only with a writer
+        """The connection's sink (`UpstreamConnection.splice`): one chunk relayed now; False when
+        the task must take over (the writer refused the bytes, kept in `pending`, or an error)."""
+        t0 = time.perf_counter()
         try:
-            out = self.feed(chunk)
+            out = self.feed(chunk, t0)
+            if out and self.writer is not None and not self.writer.write(out):
+                self.pending = out
+                return False
+            return self.writer is not None
         except Exception as exc:  # in the connection's callback: hand it to the task, which raises it
-            self.error = exc
+            self.error = exc  # (not to httptools, which would make it the backend's bad response)
             return False
-        if out and not self.writer.write(out):
-            self.pending = out
-            return False
-        return True
+        finally:
+            self.relay_s += time.perf_counter() - t0
 
 
 class IdleEnd(Protocol):
@@ -269,7 +270,7 @@ class Relay:
             relay_s += clock() - t0
             chunks += 1
             watch.last = loop.time()
-            writer = ex.chunk_writer() if ex.chunk_writer is not None else None  # the head is out now
+            writer = ex.scope.get(BODY_WRITER) if ex.scope is not None else None  # the head is out now
             splice = Splice(ex, observer, transform, writer, watch, self._accounting, loop)
             while first:
                 if splice.writer is not None and resp.splice(splice):
@@ -283,9 +284,11 @@ class Relay:
                     chunk = await resp.readany()
                     if not chunk:
                         break
-                    out = splice.feed(chunk)
+                    t0 = clock()
+                    out = splice.feed(chunk, t0)
                     if out:
                         await send({"type": "http.response.body", "body": out, "more_body": True})
+                    splice.relay_s += clock() - t0
             rest = observer.flush()
             if not observer.done:
                 raise StreamCut(

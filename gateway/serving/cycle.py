@@ -19,7 +19,7 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, RequestResponseCycle
 
-from gateway.asgi import ChunkWriter
+from gateway.asgi import BODY_WRITER, ChunkWriter
 
 # uvicorn's HEADER_RE and HEADER_VALUE_RE, as byte sets: a name is a token, a value has no control
 # byte but tab.
@@ -100,6 +100,10 @@ class GatewayCycle(RequestResponseCycle):
             out = head + body if head else body
         if out:
             self.transport.write(out)
+        if head and more_body and self.chunked_encoding and self.scope["method"] != "HEAD":
+            # The head is out, chunked: the rest of the body may go through a ChunkWriter (asgi.BODY_WRITER).
+            # It holds the transport and the flow, never the cycle, so the scope makes no cycle.
+            self.scope[BODY_WRITER] = ChunkWriter(self.transport, self.flow)  # type: ignore[literal-required]
         if not more_body:
             if self.expected_content_length != 0:
                 raise RuntimeError("Response content shorter than Content-Length")
@@ -108,19 +112,6 @@ class GatewayCycle(RequestResponseCycle):
             if not self.keep_alive:
                 self.transport.close()
             self.on_response()
-
-    def chunk_writer(self) -> ChunkWriter | None:
-        """A writer for the rest of this response's body (asgi.BODY_WRITER), once its head is
-        written with chunked framing; None before, after, for HEAD, or once the client is gone."""
-        if (
-            self._head
-            or not self.chunked_encoding
-            or self.disconnected
-            or self.response_complete
-            or self.scope["method"] == "HEAD"
-        ):
-            return None
-        return ChunkWriter(self.transport, self.flow)
 
     def _encode_head(self, status: int, given: Any) -> bytes:
         headers = [*self.default_headers, *given]

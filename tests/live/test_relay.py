@@ -284,3 +284,29 @@ def _unchunk(data: bytes) -> bytes:
         out += data[line_end + 2 : line_end + 2 + size]
         assert data[line_end + 2 + size : line_end + 4 + size] == b"\r\n"
         at = line_end + 4 + size
+
+
+async def test_a_finished_request_is_freed_without_the_cycle_collector(make_stack: StackFactory) -> None:
+    """Nothing in a request's scope points back at its cycle (the chunk writer holds the transport
+    and the flow only): each finished request is freed by reference counting when the next one on
+    the connection replaces it. The gateway's GC runs rarely (gc.freeze, a high threshold), so a
+    reference cycle a request would keep every request's scope and buffers until a collection."""
+    import gc
+
+    from gateway.serving.cycle import GatewayCycle
+
+    stack = await make_stack()
+    body = chat(stream=True, max_tokens=5)
+    async with httpx.AsyncClient() as client:
+        await client.post(stack.base_url + "/v1/chat/completions", json=body)
+        gc.collect()
+        gc.disable()
+        try:
+            before = sum(isinstance(o, GatewayCycle) for o in gc.get_objects())
+            for _ in range(20):
+                r = await client.post(stack.base_url + "/v1/chat/completions", json=body)
+                assert r.status_code == 200 and sse_events(r.content)[-1] == "[DONE]"
+            after = sum(isinstance(o, GatewayCycle) for o in gc.get_objects())
+        finally:
+            gc.enable()
+    assert after - before < 5, f"{after - before} finished cycles wait for the collector"

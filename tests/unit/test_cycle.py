@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from uvicorn.protocols.http.flow_control import FlowControl
 
-from gateway.asgi import ChunkWriter
+from gateway.asgi import BODY_WRITER, ChunkWriter
 from gateway.serving.cycle import GatewayCycle
 
 pytestmark = pytest.mark.unit
@@ -104,29 +104,26 @@ async def test_a_tab_in_a_value_is_allowed_and_a_short_body_is_an_error() -> Non
 async def test_a_chunk_writer_is_offered_once_a_chunked_head_is_out_and_writes_like_send() -> None:
     transport = Transport()
     c = cycle(transport)
-    assert c.chunk_writer() is None  # no head yet
     await c.send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
-    assert c.chunk_writer() is None  # the head waits for the first body message
+    assert BODY_WRITER not in c.scope  # the head waits for the first body message
     await c.send({"type": "http.response.body", "body": b"data: 1\n\n", "more_body": True})
-    writer = c.chunk_writer()
-    assert writer is not None and writer.write(b"data: 2\n\n")
+    writer = c.scope[BODY_WRITER]  # type: ignore[literal-required]
+    assert isinstance(writer, ChunkWriter) and writer.write(b"data: 2\n\n")
     await c.send({"type": "http.response.body", "body": b"", "more_body": False})
     assert transport.writes[1:] == [b"9\r\ndata: 2\n\n\r\n", b"0\r\n\r\n"]  # what send() would have written
-    assert c.chunk_writer() is None  # complete
+    assert not any(v is c or getattr(v, "__self__", None) is c for v in c.scope.values())  # no scope -> cycle cycle
 
 
 async def test_no_chunk_writer_for_a_content_length_answer_or_a_head_request() -> None:
-    transport = Transport()
-    c = cycle(transport)
-    headers = [(b"content-length", b"4")]
-    await c.send({"type": "http.response.start", "status": 200, "headers": headers})
+    c = cycle(Transport())
+    await c.send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"4")]})
     await c.send({"type": "http.response.body", "body": b"ab", "more_body": True})
-    assert c.chunk_writer() is None
+    assert BODY_WRITER not in c.scope
     head = cycle(Transport())
     head.scope["method"] = "HEAD"
     await head.send({"type": "http.response.start", "status": 200, "headers": []})
     await head.send({"type": "http.response.body", "body": b"", "more_body": True})
-    assert head.chunk_writer() is None
+    assert BODY_WRITER not in head.scope
 
 
 class _Transport:
