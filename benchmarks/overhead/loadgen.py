@@ -1,8 +1,11 @@
 """Python load clients for what wrk can't do (aiohttp on uvloop; run pinned to the load core).
 
-    python loadgen.py paced   --url URL --body FILE --rate 200 --duration 10
+    python loadgen.py paced   --url URL --body FILE --rate 200 --duration 10 [--direct-url URL]
         Open loop at a fixed rate: request i is sent at t0 + i/rate whatever the earlier ones did, on
-        a pool of keep-alive connections. Latency is send -> last body byte. Prints one JSON line.
+        a pool of keep-alive connections. Latency is send -> last body byte. With --direct-url, the
+        same schedule is sent to that URL too (the upstream itself), half a period after each
+        request, on its own pool: `direct_p50_ms` then comes from the same seconds as `p50_ms`, so a
+        drift of the machine's wake-up latency moves both alike. Prints one JSON line.
     python loadgen.py streams --url URL --body FILE --concurrency 100 --rounds 5
         `concurrency` workers, each running `rounds` streams back to back (so `concurrency` streams
         are in flight throughout). Per stream: time to the first event, time to [DONE], events seen.
@@ -40,15 +43,20 @@ def _session(limit: int) -> aiohttp.ClientSession:
     )
 
 
-async def paced(url: str, body: bytes, rate: float, duration: float, connections: int) -> dict[str, Any]:
+async def paced(
+    url: str, body: bytes, rate: float, duration: float, connections: int, direct_url: str | None = None
+) -> dict[str, Any]:
     headers = {"content-type": "application/json"}
     latencies: list[float] = []
+    direct: list[float] = []
     late: list[float] = []
     errors = 0
     statuses: dict[int, int] = {}
-    async with _session(connections) as session:
-        # Warm the connection pool so that connect time isn't in the first samples.
+    async with _session(connections) as session, _session(connections) as direct_session:
+        # Warm the connection pools so that connect time isn't in the first samples.
         await asyncio.gather(*(one(session, url, body, headers) for _ in range(min(connections, 16))))
+        if direct_url is not None:
+            await asyncio.gather(*(one(direct_session, direct_url, body, headers) for _ in range(min(connections, 16))))
         total = int(rate * duration)
         loop = asyncio.get_running_loop()
         t0 = loop.time() + 0.05
@@ -69,11 +77,30 @@ async def paced(url: str, body: bytes, rate: float, duration: float, connections
             else:
                 errors += 1
 
+        async def fire_direct() -> None:
+            nonlocal errors
+            assert direct_url is not None
+            start = time.perf_counter()
+            try:
+                status = await one(direct_session, direct_url, body, headers)
+            except (TimeoutError, aiohttp.ClientError, OSError):
+                errors += 1
+                return
+            if status == 200:
+                direct.append(time.perf_counter() - start)
+            else:
+                errors += 1
+
         for i in range(total):
             wait = t0 + i / rate - loop.time()
             if wait > 0:
                 await asyncio.sleep(wait)
             tasks.append(asyncio.create_task(fire(i)))
+            if direct_url is not None:
+                wait = t0 + (i + 0.5) / rate - loop.time()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                tasks.append(asyncio.create_task(fire_direct()))
         wall = loop.time() - t0
         await asyncio.wait_for(asyncio.gather(*tasks), timeout=30)
     return {
@@ -88,6 +115,7 @@ async def paced(url: str, body: bytes, rate: float, duration: float, connections
         "max_ms": max(latencies) * 1e3 if latencies else None,
         "mean_ms": sum(latencies) / len(latencies) * 1e3 if latencies else None,
         "late_p99_ms": pct(late, 99) * 1e3,
+        "direct_p50_ms": pct(direct, 50) * 1e3 if direct_url is not None else None,
     }
 
 
@@ -191,6 +219,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--stagger-ms", type=float, default=20)
     p.add_argument("--deadline", type=float, default=120)
+    p.add_argument("--direct-url", default=None, help="paced: the same schedule to this URL too, half a period later")
     a = p.parse_args()
     try:
         import uvloop
@@ -201,7 +230,7 @@ def main() -> None:
     with open(a.body, "rb") as f:
         body = f.read()
     if a.mode == "paced":
-        out = asyncio.run(paced(a.url, body, a.rate, a.duration, a.connections))
+        out = asyncio.run(paced(a.url, body, a.rate, a.duration, a.connections, a.direct_url))
     elif a.mode == "streams":
         out = asyncio.run(streams(a.url, body, a.concurrency, a.rounds, a.stagger_ms / 1e3, a.deadline))
     else:

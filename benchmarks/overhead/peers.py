@@ -469,7 +469,12 @@ def main() -> int:
         running = [peer for peer in peers if peer.procs]
         floor = "floor" if any(p.name == "floor" for p in running) else running[0].name
 
-        def measured(peer: Peer, run: Callable[[], dict[str, Any]], profile: str | None, secs: float) -> dict[str, Any]:
+        def measured(
+            peer: Peer,
+            run: Callable[[], dict[str, Any]],
+            profile: str | None,
+            secs: float,
+        ) -> dict[str, Any]:
             pids = peer.pids()
             meter = CpuMeter(pids)
             noise: dict[str, Any] = {}
@@ -481,7 +486,7 @@ def main() -> int:
             r.update(noise, cpu_s=meter.cpu, wall_s=meter.wall)
             return r
 
-        def run_test(test: str, peer: Peer, profile: str | None, direct_p50: float | None) -> dict[str, Any]:
+        def run_test(test: str, peer: Peer, profile: str | None) -> dict[str, Any]:
             if test in ("nonstream", "fast"):
                 kind = "json" if test == "nonstream" else "sse"
                 url = peer.urls[kind] + path[kind]
@@ -507,26 +512,24 @@ def main() -> int:
                 r["errors"] = r["failures"]
                 r["cpu_us_per_token"] = r["cpu_s"] / tokens * 1e6 if tokens else None
                 return r
+            # The upstream's own p50 from the same seconds (interleaved requests): the machine's
+            # wake-up latency drifts by more than a proxy adds, minute to minute, on a VM.
             args = ["paced", "--url", peer.urls["json"] + path["json"], "--body", str(body["json"])]
             args += ["--rate", str(a.rate), "--duration", str(a.latency_duration)]
+            args += ["--direct-url", upstream["json"] + path["json"]]
             r = measured(peer, lambda: loadgen(load_core, *args), None, a.latency_duration)
-            r["added_p50_ms"] = r["p50_ms"] - direct_p50 if direct_p50 is not None else None
+            r["added_p50_ms"] = r["p50_ms"] - r["direct_p50_ms"]
             return r
 
         noise: dict[str, dict[str, float]] = {}
         for rnd in range(a.rounds):
             for test in tests:
-                direct_p50 = None
-                if test == "latency":
-                    args = ["paced", "--url", upstream["json"] + path["json"], "--body", str(body["json"])]
-                    args += ["--rate", str(a.rate), "--duration", str(a.latency_duration)]
-                    direct_p50 = loadgen(load_core, *args)["p50_ms"]
                 shift = rnd % max(1, len(running))
                 for peer in running[shift:] + running[:shift]:
                     profile = None
                     if a.profile is not None and rnd == 0 and peer is running[0] and test != "latency":
                         profile = test
-                    r = run_test(test, peer, profile, direct_p50)
+                    r = run_test(test, peer, profile)
                     results.setdefault(peer.name, {}).setdefault(test, []).append(r)
                     n = noise.setdefault(test, {"runq": 0.0, "foreign": 0.0})
                     n["runq"] = max(n["runq"], r["runq_wait_gw"])
