@@ -62,32 +62,22 @@ async def paced(
         t0 = loop.time() + 0.05
         tasks = []
 
-        async def fire(i: int) -> None:
+        async def fire(to: aiohttp.ClientSession, target: str, due: float, into: list[float]) -> None:
+            """One request sent at `due`; its latency into `into` (the peer's list also keeps the
+            lateness and the statuses)."""
             nonlocal errors
-            late.append(loop.time() - (t0 + i / rate))
+            if into is latencies:
+                late.append(loop.time() - due)
             start = time.perf_counter()
             try:
-                status = await one(session, url, body, headers)
+                status = await one(to, target, body, headers)
             except (TimeoutError, aiohttp.ClientError, OSError):
                 errors += 1
                 return
-            statuses[status] = statuses.get(status, 0) + 1
+            if into is latencies:
+                statuses[status] = statuses.get(status, 0) + 1
             if status == 200:
-                latencies.append(time.perf_counter() - start)
-            else:
-                errors += 1
-
-        async def fire_direct() -> None:
-            nonlocal errors
-            assert direct_url is not None
-            start = time.perf_counter()
-            try:
-                status = await one(direct_session, direct_url, body, headers)
-            except (TimeoutError, aiohttp.ClientError, OSError):
-                errors += 1
-                return
-            if status == 200:
-                direct.append(time.perf_counter() - start)
+                into.append(time.perf_counter() - start)
             else:
                 errors += 1
 
@@ -95,12 +85,12 @@ async def paced(
             wait = t0 + i / rate - loop.time()
             if wait > 0:
                 await asyncio.sleep(wait)
-            tasks.append(asyncio.create_task(fire(i)))
+            tasks.append(asyncio.create_task(fire(session, url, t0 + i / rate, latencies)))
             if direct_url is not None:
                 wait = t0 + (i + 0.5) / rate - loop.time()
                 if wait > 0:
                     await asyncio.sleep(wait)
-                tasks.append(asyncio.create_task(fire_direct()))
+                tasks.append(asyncio.create_task(fire(direct_session, direct_url, t0 + (i + 0.5) / rate, direct)))
         wall = loop.time() - t0
         await asyncio.wait_for(asyncio.gather(*tasks), timeout=30)
     return {

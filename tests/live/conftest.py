@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, get_args
@@ -142,6 +143,21 @@ async def raw_request(
     writer.write(head.encode() + b"\r\n" + body)
     await writer.drain()
     return reader, writer
+
+
+async def small_window_request(base_url: str, payload: dict[str, Any]) -> socket.socket:
+    """POST a chat completion on a raw non-blocking socket with a 4 KiB receive buffer, and read
+    nothing: the gateway's writes back up at once (a client that stops reading, or reads slowly)."""
+    host, port = base_url.removeprefix("http://").split(":")
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    loop = asyncio.get_running_loop()
+    await loop.sock_connect(sock, (host, int(port)))
+    body = json.dumps(payload).encode()
+    head = "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+    await loop.sock_sendall(sock, f"{head}content-length: {len(body)}\r\n\r\n".encode() + body)
+    return sock
 
 
 def sse_events(raw: bytes) -> list[str]:

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.live.conftest import Stack, StackFactory, chat, content_of, sim_params, sse_events
+from tests.live.conftest import Stack, StackFactory, chat, content_of, sim_params, small_window_request, sse_events
 
 pytestmark = pytest.mark.live
 
@@ -116,7 +115,6 @@ async def test_a_backend_that_fails_every_stream_is_ejected(
 
 async def test_a_client_that_stops_reading_is_not_the_backends_failure(make_stack: StackFactory) -> None:
     """Defect 8's other half: an idle cut while the backend's bytes wait unread is the client's."""
-    import socket
 
     stack = await make_stack(
         pools={
@@ -126,15 +124,7 @@ async def test_a_client_that_stops_reading_is_not_the_backends_failure(make_stac
         },
         timeouts={"idle_s": 0.5, "keepalive_s": 0},
     )
-    host, port = stack.base_url.removeprefix("http://").split(":")
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.setblocking(False)
-    loop = asyncio.get_running_loop()
-    await loop.sock_connect(sock, (host, int(port)))
-    body = json.dumps(chat(stream=True, max_tokens=100_000)).encode()
-    head = "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-    await loop.sock_sendall(sock, (head + f"content-length: {len(body)}\r\n\r\n").encode() + body)
+    sock = await small_window_request(stack.base_url, chat(stream=True, max_tokens=100_000))
     try:
         await stack.wait_metric("gateway_requests_total", 1, timeout=30, outcome="timeout_idle")
     finally:

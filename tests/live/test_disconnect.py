@@ -8,7 +8,7 @@ import json
 import httpx
 import pytest
 
-from tests.live.conftest import Stack, StackFactory, chat, raw_request, sim_params
+from tests.live.conftest import Stack, StackFactory, chat, raw_request, sim_params, small_window_request
 
 pytestmark = pytest.mark.live
 
@@ -117,8 +117,6 @@ async def test_many_random_disconnects_leave_nothing_behind(make_stack: StackFac
 async def test_client_that_stops_reading_is_cut_and_the_engine_freed(make_stack: StackFactory) -> None:
     """docs/reliability.md items 28/53: a client that keeps its socket open but stops reading. The gateway's
     writes back up, the idle limit fires, the upstream request is aborted, and the task ends."""
-    import socket
-
     # An engine that streams as fast as the event loop allows, so the socket buffers fill quickly.
     stack = await make_stack(
         pools={
@@ -128,19 +126,7 @@ async def test_client_that_stops_reading_is_cut_and_the_engine_freed(make_stack:
         },
         timeouts={"idle_s": 0.5, "keepalive_s": 0},
     )
-    host, port = stack.base_url.removeprefix("http://").split(":")
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.setblocking(False)
-    loop = asyncio.get_running_loop()
-    await loop.sock_connect(sock, (host, int(port)))
-    body = json.dumps(chat(stream=True, max_tokens=100_000)).encode()
-    await loop.sock_sendall(
-        sock,
-        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-        + f"content-length: {len(body)}\r\n\r\n".encode()
-        + body,
-    )
+    sock = await small_window_request(stack.base_url, chat(stream=True, max_tokens=100_000))
     sim = stack.sims["vllm-0"]
     try:
         await sim.wait_until(lambda s: s.aborted == 1, timeout=30)

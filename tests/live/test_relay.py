@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from gateway.upstream import UpstreamResponse
-from tests.live.conftest import StackFactory, chat, content_of, sim_params, sse_events
+from tests.live.conftest import StackFactory, chat, content_of, sim_params, small_window_request, sse_events
 
 pytestmark = pytest.mark.live
 
@@ -231,8 +231,6 @@ async def test_a_client_that_reads_slowly_gets_the_whole_stream_in_order(make_st
     """Flow control on the direct path: a client that stops reading for a while fills its socket;
     the relay steps back to `send` (which waits for the drain), then takes the direct path again.
     Not a byte is lost, doubled or reordered."""
-    import socket
-
     stack = await make_stack(
         pools={
             "vllm": [
@@ -244,15 +242,8 @@ async def test_a_client_that_reads_slowly_gets_the_whole_stream_in_order(make_st
     body = chat(stream=True, max_tokens=20_000, stream_options={"include_usage": True})
     async with httpx.AsyncClient(timeout=60) as client:
         direct = await client.post(stack.sims["vllm-0"].base_url + "/v1/chat/completions", json=body)
-    host, port = stack.base_url.removeprefix("http://").split(":")
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.setblocking(False)
+    sock = await small_window_request(stack.base_url, body)
     loop = asyncio.get_running_loop()
-    await loop.sock_connect(sock, (host, int(port)))
-    raw = json.dumps(body).encode()
-    head = "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-    await loop.sock_sendall(sock, f"{head}content-length: {len(raw)}\r\n\r\n".encode() + raw)
     await asyncio.sleep(1.0)  # not reading: the gateway's writes back up
     received = bytearray()
     try:

@@ -126,30 +126,18 @@ async def test_no_chunk_writer_for_a_content_length_answer_or_a_head_request() -
     assert BODY_WRITER not in head.scope
 
 
-class _Transport:
-    def __init__(self) -> None:
-        self.written: list[bytes] = []
-        self.closing = False
-
-    def write(self, data: bytes) -> None:
-        self.written.append(data)
-
-    def is_closing(self) -> bool:
-        return self.closing
-
-
 class _Flow:
     write_paused = False
 
 
 def test_a_chunk_writer_frames_each_chunk_and_refuses_while_paused_or_gone() -> None:
-    transport, flow = _Transport(), _Flow()
+    transport, flow = Transport(), _Flow()
     writer = ChunkWriter(transport, flow)
     assert writer.write(b"data: 1\n\n") and writer.write(b"")
-    assert transport.written == [b"9\r\ndata: 1\n\n\r\n"]  # an empty body writes nothing (it would end the body)
+    assert transport.writes == [b"9\r\ndata: 1\n\n\r\n"]  # an empty body writes nothing (it would end the body)
     flow.write_paused = True
     assert not writer.write(b"data: 2\n\n")
     flow.write_paused = False
-    transport.closing = True
+    transport.close()
     assert not writer.write(b"data: 3\n\n")
-    assert transport.written == [b"9\r\ndata: 1\n\n\r\n"]
+    assert transport.writes == [b"9\r\ndata: 1\n\n\r\n"]

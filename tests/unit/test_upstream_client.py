@@ -130,6 +130,22 @@ async def ten_of_a_hundred(peer: Peer) -> None:
     await peer.wait_eof()
 
 
+def chunked_stream(parts: list[bytes], gap_s: float) -> Handler:
+    """Answers every request on the connection with `parts` as chunks, `gap_s` apart, then the end."""
+
+    async def stream(peer: Peer) -> None:
+        while True:
+            await peer.request()
+            await peer.send(CHUNKED_HEAD)
+            for part in parts:
+                await asyncio.sleep(gap_s)
+                await peer.send(chunk(part))
+            await asyncio.sleep(gap_s)
+            await peer.send(LAST_CHUNK)
+
+    return stream
+
+
 def headers_of(request: bytes) -> list[tuple[str, str]]:
     head = request.split(b"\r\n\r\n", 1)[0].decode()
     return [(n.strip().lower(), v.strip()) for n, _, v in (line.partition(":") for line in head.split("\r\n")[1:])]
@@ -152,18 +168,7 @@ async def test_a_content_length_answer_is_read_whole_and_its_connection_reused()
 
 async def test_a_chunked_answer_is_streamed_chunk_by_chunk_and_its_connection_reused() -> None:
     parts = [b"data: one\n\n", b"data: two\n\n", b"data: three\n\n"]
-
-    async def stream(peer: Peer) -> None:
-        while True:
-            await peer.request()
-            await peer.send(CHUNKED_HEAD)
-            for part in parts:
-                await asyncio.sleep(0.02)
-                await peer.send(chunk(part))
-            await asyncio.sleep(0.02)
-            await peer.send(LAST_CHUNK)
-
-    async with serve(stream) as (backend, client):
+    async with serve(chunked_stream(parts, 0.02)) as (backend, client):
         for _ in range(2):
             resp = await client.post(f"{backend.url}/v1/x", BODY, {}, "b1")
             received: list[bytes] = []
@@ -180,18 +185,7 @@ async def test_a_spliced_stream_goes_to_its_sink_in_order_until_the_sink_steps_b
     woken for it; a sink that returns False has taken that chunk and is detached, and the chunks
     after it are buffered for readany() again, in order. The connection is reusable at the end."""
     parts = [b"data: %d\n\n" % i for i in range(6)]
-
-    async def stream(peer: Peer) -> None:
-        while True:
-            await peer.request()
-            await peer.send(CHUNKED_HEAD)
-            for part in parts:
-                await asyncio.sleep(0.01)
-                await peer.send(chunk(part))
-            await asyncio.sleep(0.01)
-            await peer.send(LAST_CHUNK)
-
-    async with serve(stream) as (backend, client):
+    async with serve(chunked_stream(parts, 0.01)) as (backend, client):
         resp = await client.post(f"{backend.url}/v1/x", BODY, {}, "b1")
         taken: list[bytes] = []
 
