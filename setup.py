@@ -24,6 +24,7 @@ COMPILED = [
     "gateway/deadlines.py",
     "gateway/metric_types.py",
     "gateway/metrics.py",
+    "gateway/upstream_connection.py",
     "gateway/access/gate.py",
     "gateway/access/keys.py",
     "gateway/access/limiter.py",

@@ -34,9 +34,13 @@ class BadResponse(Exception):
     """The backend's bytes are not an HTTP/1.1 response."""
 
 
-class UpstreamConnection(asyncio.Protocol):
+class UpstreamConnection:
     """A keep-alive connection; one request at a time. `request()` writes it; `wait_head()`,
-    `read_chunk()` and `complete` read the answer; `reusable` says whether it can serve another."""
+    `read_chunk()` and `complete` read the answer; `reusable` says whether it can serve another.
+
+    It has asyncio.Protocol's methods without subclassing it (the loop calls them by name): a
+    subclass of a Python class compiles (mypyc) to a type that keeps an instance `__dict__` and
+    does not clear weak references to itself when freed, which crashed the interpreter."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
@@ -71,6 +75,8 @@ class UpstreamConnection(asyncio.Protocol):
         (`splice()`), until it returns False: it took that chunk, and stepped back."""
         self.on_lost: list[UpstreamConnection] | None = None
         """The pool's idle list this connection sits in, if any (it leaves it when it closes)."""
+        self.opened: set[UpstreamConnection] | None = None
+        """The pool's set of open connections, which it leaves when it is lost."""
 
     # -- asyncio.Protocol --------------------------------------------------------------------------
 
@@ -95,6 +101,9 @@ class UpstreamConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self._parser = None
+        if self.opened is not None:
+            self.opened.discard(self)
+            self.opened = None
         if self.on_lost is not None:
             idle, self.on_lost = self.on_lost, None
             if self in idle:

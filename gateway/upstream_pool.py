@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
-import weakref
+from typing import cast
 from urllib.parse import urlsplit
 
 from gateway.upstream_connection import UpstreamConnection
@@ -45,7 +45,9 @@ class ConnectionPool:
     def __init__(self) -> None:
         self._idle: dict[Origin, list[UpstreamConnection]] = {}
         self._tls: ssl.SSLContext | None = None
-        self._open: weakref.WeakSet[UpstreamConnection] = weakref.WeakSet()
+        self._open: set[UpstreamConnection] = set()
+        """Every connection not yet lost (each leaves it in `connection_lost`): a plain set, not a
+        WeakSet, because a compiled connection class does not clear weak references to it when freed."""
         self._sweeper: asyncio.TimerHandle | None = None
 
     def take(self, origin: Origin) -> UpstreamConnection | None:
@@ -112,8 +114,14 @@ class ConnectionPool:
             if self._tls is None:
                 self._tls = ssl.create_default_context()
             tls = self._tls
-        _, conn = await loop.create_connection(
-            lambda: UpstreamConnection(loop), host, port, ssl=tls, server_hostname=host if tls else None
+        _, proto = await loop.create_connection(
+            lambda: cast(asyncio.Protocol, UpstreamConnection(loop)),  # a Protocol in all but name
+            host,
+            port,
+            ssl=tls,
+            server_hostname=host if tls else None,
         )
+        conn = cast(UpstreamConnection, proto)
         self._open.add(conn)
+        conn.opened = self._open
         return conn
