@@ -4,7 +4,7 @@ keys the gateway's server adds."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -44,6 +44,10 @@ middle from the upstream connection's callback, with no coroutine and no task wa
 before, for other framings, and under another server: every chunk then goes through `send`."""
 
 
+_CHUNK_HEADS: Final = [b"%x\r\n" % n for n in range(4096)]
+"""Chunk-size lines by length: a lookup and two joins cost half what formatting each chunk did."""
+
+
 class ChunkWriter:
     """What `send` does with a body message of a chunked response that has more to follow, done
     at once on the connection's transport: `write(body)` returns False, writing nothing, where
@@ -61,7 +65,9 @@ class ChunkWriter:
         if self._flow.write_paused or self._transport.is_closing():
             return False
         if body:
-            self._transport.write(b"%x\r\n%b\r\n" % (len(body), body))
+            n = len(body)
+            head = _CHUNK_HEADS[n] if n < 4096 else b"%x\r\n" % n
+            self._transport.write(head + body + b"\r\n")
         return True
 
 

@@ -307,12 +307,22 @@ def observe_many(child: Histogram, values: Sequence[float], zeros: int = 0) -> N
         for v in values:
             child.observe(v)
         return
+    # In order, each value moves the bucket on from the last one's: a sort in C and a walk over
+    # the buckets the values span, where a bisect_left a value cost ~1.4k instructions compiled (a
+    # call and boxed compares; a fine histogram has ~360 bounds) and about the same in Python.
+    ordered = sorted(values)
     bounds: list[float] = child._upper_bounds  # prometheus_client has no batch observe
-    hits: dict[int, int] = {}
-    for v in values:
-        i = bisect_left(bounds, v)
-        hits[i] = hits.get(i, 0) + 1
-    child._sum.inc(sum(values))
     buckets = child._buckets
-    for i, n in hits.items():
-        buckets[i].inc(n)
+    i = bisect_left(bounds, ordered[0])
+    n = 0
+    for v in ordered:
+        if v > bounds[i]:  # past this bucket's bound (the last bound is +Inf: none is past it)
+            if n:
+                buckets[i].inc(n)
+                n = 0
+            i += 1
+            while v > bounds[i]:
+                i += 1
+        n += 1
+    buckets[i].inc(n)
+    child._sum.inc(sum(values))

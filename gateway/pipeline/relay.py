@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import json
 import time
-from typing import Literal, Protocol
+from typing import Final, Literal, Protocol
 
 from gateway.asgi import BODY_WRITER, ChunkWriter, Send
 from gateway.errors import EngineError, GatewayError, ShuttingDown, UpstreamError, UpstreamTimeout
@@ -26,15 +26,16 @@ from gateway.upstream import UpstreamResponse
 
 EndReason = Literal["client_left", "idle_limit"]
 """Why the request's owner ended a request early (the drain deadline comes from the server)."""
-_PING = b": ping\n\n"
-_COUNT_EVERY = 16
+_PING: Final = b": ping\n\n"
+_COUNT_EVERY: Final = 16
 """Stream tokens are added to the output counter in steps of this many chunks, not one by one."""
 
 
 class IdleWatch:
     """Ends the request (through its owner's `end`) once no chunk has moved for `idle_s`. One timer
-    that re-arms itself from the last chunk's time: rescheduling a timeout on every chunk cost ~4 us
-    a token. It cancels nothing itself. When it fires it notes whether the backend had sent bytes
+    that re-arms itself from the last chunk's time (`last`, in `time.perf_counter()`'s seconds: the
+    clock the relay already read for the chunk): rescheduling a timeout on every chunk cost ~4 us a
+    token. It cancels nothing itself. When it fires it notes whether the backend had sent bytes
     still unread (the client stopped reading: not the backend's fault)."""
 
     __slots__ = ("_end", "_ex", "_handle", "_idle_s", "_loop", "_resp", "last")
@@ -51,12 +52,12 @@ class IdleWatch:
         self._handle = self._loop.call_later(idle_s, self._check)
 
     def _check(self) -> None:
-        due = self.last + self._idle_s
-        if self._loop.time() >= due:
+        left = self.last + self._idle_s - time.perf_counter()
+        if left <= 0:
             self._ex.client_stalled = self._resp.unread()
             self._end.end("idle_limit")
         else:
-            self._handle = self._loop.call_at(min(due, self._loop.time() + self._idle_s), self._check)
+            self._handle = self._loop.call_later(min(left, self._idle_s), self._check)
 
     def close(self) -> None:
         self._handle.cancel()
@@ -73,7 +74,6 @@ class Splice:
     __slots__ = (
         "_accounting",
         "_ex",
-        "_loop",
         "_observer",
         "_transform",
         "_watch",
@@ -92,7 +92,6 @@ class Splice:
         writer: ChunkWriter | None,
         watch: IdleWatch,
         accounting: Accounting,
-        loop: asyncio.AbstractEventLoop,
     ) -> None:
         self._ex = ex
         self._observer = observer
@@ -101,7 +100,6 @@ class Splice:
         """The server's, where it offers one: without it every chunk goes through the task."""
         self._watch = watch
         self._accounting = accounting
-        self._loop = loop
         self.pending = b""
         """Bytes for the client that the writer did not take: the task sends them."""
         self.error: Exception | None = None
@@ -112,7 +110,7 @@ class Splice:
     def feed(self, chunk: bytes, now: float) -> bytes:
         """One upstream chunk observed, counted and transformed: the bytes for the client (the
         caller times the step, the write included, into `relay_s`)."""
-        self._watch.last = self._loop.time()
+        self._watch.last = now
         self.chunks += 1
         observer, ex = self._observer, self._ex
         out = observer.feed(chunk, now)
@@ -269,9 +267,9 @@ class Relay:
             await send({"type": "http.response.body", "body": out, "more_body": True})
             relay_s += clock() - t0
             chunks += 1
-            watch.last = loop.time()
+            watch.last = clock()
             writer = ex.scope.get(BODY_WRITER) if ex.scope is not None else None  # the head is out now
-            splice = Splice(ex, observer, transform, writer, watch, self._accounting, loop)
+            splice = Splice(ex, observer, transform, writer, watch, self._accounting)
             while first:
                 if splice.writer is not None and resp.splice(splice):
                     await resp.wait_spliced()

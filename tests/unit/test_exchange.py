@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from gateway.metrics import GatewayMetrics
@@ -78,15 +80,23 @@ def test_no_usage_counts_content_chunks_as_estimated() -> None:
 
 
 def test_observe_many_matches_observe_one_by_one() -> None:
+    values = [0.02, 0.0005, 99.0, 0.001, 0.0011, 0.0, 0.02, 3.0, 0.5, 0.001]  # bounds included, out of order
+    bounds = (0.001, 0.02, 1.0)
+    _check_observe_many(values, bounds)
+    rng = random.Random(13)  # a stream's gaps on a fine histogram: many buckets, jittered
+    fine = tuple(round(0.001 * 1.02**k, 6) for k in range(360))
+    _check_observe_many([max(0.0, rng.gauss(0.02, 0.004)) for _ in range(300)] + [0.0, fine[5], 2.0], fine)
+
+
+def _check_observe_many(values: list[float], bounds: tuple[float, ...]) -> None:
     from prometheus_client import CollectorRegistry, Histogram
 
     from gateway.metric_types import FineHistogram
     from gateway.metrics import observe_many
 
-    values = [0.0, 0.0005, 0.001, 0.0011, 0.02, 0.02, 0.5, 3.0, 99.0]
     samples = []
     for cls, batch in ((Histogram, False), (Histogram, True), (FineHistogram, True)):
-        h = cls("h", "h", ("a",), buckets=(0.001, 0.02, 1.0), registry=CollectorRegistry())
+        h = cls("h", "h", ("a",), buckets=bounds, registry=CollectorRegistry())
         child = h.labels("x")
         if batch:
             observe_many(child, values)
