@@ -1,11 +1,12 @@
 """Python load clients for what wrk can't do (aiohttp on uvloop; run pinned to the load core).
 
-    python loadgen.py paced   --url URL --body FILE --rate 200 --duration 10 [--direct-url URL]
+    python loadgen.py paced   --url URL --body FILE --rate 200 --duration 10 [--pair-url URL] [--direct-url URL]
         Open loop at a fixed rate: request i is sent at t0 + i/rate whatever the earlier ones did, on
-        a pool of keep-alive connections. Latency is send -> last body byte. With --direct-url, the
-        same schedule is sent to that URL too (the upstream itself), half a period after each
-        request, on its own pool: `direct_p50_ms` then comes from the same seconds as `p50_ms`, so a
-        drift of the machine's wake-up latency moves both alike. Prints one JSON line.
+        a pool of keep-alive connections. Latency is send -> last body byte. With --pair-url (another
+        proxy) and --direct-url (the upstream itself), the same schedule is sent to those too, each
+        request's copies spread evenly over its period, each target on its own pool: `pair_p50_ms`
+        and `direct_p50_ms` then come from the same seconds as `p50_ms`, so a drift of the machine's
+        wake-up latency moves them all alike. Prints one JSON line.
     python loadgen.py streams --url URL --body FILE --concurrency 100 --rounds 5
         `concurrency` workers, each running `rounds` streams back to back (so `concurrency` streams
         are in flight throughout). Per stream: time to the first event, time to [DONE], events seen.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
 import time
@@ -44,29 +46,37 @@ def _session(limit: int) -> aiohttp.ClientSession:
 
 
 async def paced(
-    url: str, body: bytes, rate: float, duration: float, connections: int, direct_url: str | None = None
+    url: str,
+    body: bytes,
+    rate: float,
+    duration: float,
+    connections: int,
+    direct_url: str | None = None,
+    pair_url: str | None = None,
 ) -> dict[str, Any]:
     headers = {"content-type": "application/json"}
-    latencies: list[float] = []
-    direct: list[float] = []
+    # The peer first in each period, then the pair (another proxy), then the upstream itself, spread
+    # evenly over the period, each on its own pool of connections.
+    targets = [(url, "")] + [(u, k) for u, k in ((pair_url, "pair_"), (direct_url, "direct_")) if u is not None]
+    latencies: dict[str, list[float]] = {key: [] for _, key in targets}
     late: list[float] = []
     errors = 0
     statuses: dict[int, int] = {}
-    async with _session(connections) as session, _session(connections) as direct_session:
+    async with contextlib.AsyncExitStack() as stack:
+        sessions = [await stack.enter_async_context(_session(connections)) for _ in targets]
         # Warm the connection pools so that connect time isn't in the first samples.
-        await asyncio.gather(*(one(session, url, body, headers) for _ in range(min(connections, 16))))
-        if direct_url is not None:
-            await asyncio.gather(*(one(direct_session, direct_url, body, headers) for _ in range(min(connections, 16))))
+        for session, (target, _) in zip(sessions, targets, strict=True):
+            await asyncio.gather(*(one(session, target, body, headers) for _ in range(min(connections, 16))))
         total = int(rate * duration)
         loop = asyncio.get_running_loop()
         t0 = loop.time() + 0.05
         tasks = []
 
-        async def fire(to: aiohttp.ClientSession, target: str, due: float, into: list[float]) -> None:
-            """One request sent at `due`; its latency into `into` (the peer's list also keeps the
+        async def fire(to: aiohttp.ClientSession, target: str, due: float, key: str) -> None:
+            """One request sent at `due`; its latency into its target's list (the peer's also keeps the
             lateness and the statuses)."""
             nonlocal errors
-            if into is latencies:
+            if not key:
                 late.append(loop.time() - due)
             start = time.perf_counter()
             try:
@@ -74,39 +84,39 @@ async def paced(
             except (TimeoutError, aiohttp.ClientError, OSError):
                 errors += 1
                 return
-            if into is latencies:
+            if not key:
                 statuses[status] = statuses.get(status, 0) + 1
             if status == 200:
-                into.append(time.perf_counter() - start)
+                latencies[key].append(time.perf_counter() - start)
             else:
                 errors += 1
 
         for i in range(total):
-            wait = t0 + i / rate - loop.time()
-            if wait > 0:
-                await asyncio.sleep(wait)
-            tasks.append(asyncio.create_task(fire(session, url, t0 + i / rate, latencies)))
-            if direct_url is not None:
-                wait = t0 + (i + 0.5) / rate - loop.time()
+            for j, (session, (target, key)) in enumerate(zip(sessions, targets, strict=True)):
+                due = t0 + (i + j / len(targets)) / rate
+                wait = due - loop.time()
                 if wait > 0:
                     await asyncio.sleep(wait)
-                tasks.append(asyncio.create_task(fire(direct_session, direct_url, t0 + (i + 0.5) / rate, direct)))
+                tasks.append(asyncio.create_task(fire(session, target, due, key)))
         wall = loop.time() - t0
         await asyncio.wait_for(asyncio.gather(*tasks), timeout=30)
-    return {
+    mine = latencies[""]
+    out: dict[str, Any] = {
         "sent": total,
-        "ok": len(latencies),
+        "ok": len(mine),
         "errors": errors,
         "statuses": statuses,
         "rate": round(total / wall, 1) if wall > 0 else None,
-        "p50_ms": pct(latencies, 50) * 1e3,
-        "p90_ms": pct(latencies, 90) * 1e3,
-        "p99_ms": pct(latencies, 99) * 1e3,
-        "max_ms": max(latencies) * 1e3 if latencies else None,
-        "mean_ms": sum(latencies) / len(latencies) * 1e3 if latencies else None,
+        "p50_ms": pct(mine, 50) * 1e3,
+        "p90_ms": pct(mine, 90) * 1e3,
+        "p99_ms": pct(mine, 99) * 1e3,
+        "max_ms": max(mine) * 1e3 if mine else None,
+        "mean_ms": sum(mine) / len(mine) * 1e3 if mine else None,
         "late_p99_ms": pct(late, 99) * 1e3,
-        "direct_p50_ms": pct(direct, 50) * 1e3 if direct_url is not None else None,
     }
+    for _, key in targets[1:]:
+        out[f"{key}p50_ms"] = pct(latencies[key], 50) * 1e3
+    return out
 
 
 async def one(session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str]) -> int:
@@ -209,7 +219,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--stagger-ms", type=float, default=20)
     p.add_argument("--deadline", type=float, default=120)
-    p.add_argument("--direct-url", default=None, help="paced: the same schedule to this URL too, half a period later")
+    p.add_argument("--direct-url", default=None, help="paced: the same schedule to this URL too (the upstream)")
+    p.add_argument("--pair-url", default=None, help="paced: and to this one (another proxy, for a paired ratio)")
     a = p.parse_args()
     try:
         import uvloop
@@ -220,7 +231,7 @@ def main() -> None:
     with open(a.body, "rb") as f:
         body = f.read()
     if a.mode == "paced":
-        out = asyncio.run(paced(a.url, body, a.rate, a.duration, a.connections, a.direct_url))
+        out = asyncio.run(paced(a.url, body, a.rate, a.duration, a.connections, a.direct_url, a.pair_url))
     elif a.mode == "streams":
         out = asyncio.run(streams(a.url, body, a.concurrency, a.rounds, a.stagger_ms / 1e3, a.deadline))
     else:

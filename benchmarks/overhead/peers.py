@@ -208,6 +208,9 @@ def summarise(results: dict[str, dict[str, list[dict[str, Any]]]], peers: list[P
             base = [r.get(key) for r in results.get(floor, {}).get(test, [])]
             vals = [v for v in mine if v is not None]
             ratios = [m / b for m, b in zip(mine, base, strict=False) if m is not None and b]
+            if test == "latency" and peer.name != floor:  # paired: the floor's p50 from the same seconds
+                rs = results.get(peer.name, {}).get(test, [])
+                ratios = [r[key] / r["pair_added_p50_ms"] for r in rs if r.get("pair_added_p50_ms", 0) > 0]
             row[f"{test}.{key}"] = {
                 "median": med(vals),
                 "min": min(vals, default=float("nan")),
@@ -512,13 +515,19 @@ def main() -> int:
                 r["errors"] = r["failures"]
                 r["cpu_us_per_token"] = r["cpu_s"] / tokens * 1e6 if tokens else None
                 return r
-            # The upstream's own p50 from the same seconds (interleaved requests): the machine's
-            # wake-up latency drifts by more than a proxy adds, minute to minute, on a VM.
+            # The upstream's own p50, and the floor's, from the same seconds (interleaved requests):
+            # the machine's wake-up latency drifts by more than a proxy adds, minute to minute, on a
+            # VM, so a peer's ratio to the floor is taken within its own window.
             args = ["paced", "--url", peer.urls["json"] + path["json"], "--body", str(body["json"])]
             args += ["--rate", str(a.rate), "--duration", str(a.latency_duration)]
             args += ["--direct-url", upstream["json"] + path["json"]]
+            pair = next((p for p in running if p.name == floor and p is not peer), None)
+            if pair is not None:
+                args += ["--pair-url", pair.urls["json"] + path["json"]]
             r = measured(peer, lambda: loadgen(load_core, *args), None, a.latency_duration)
             r["added_p50_ms"] = r["p50_ms"] - r["direct_p50_ms"]
+            if pair is not None:
+                r["pair_added_p50_ms"] = r["pair_p50_ms"] - r["direct_p50_ms"]
             return r
 
         noise: dict[str, dict[str, float]] = {}
