@@ -122,6 +122,7 @@ class ConnectionPool:
             server_hostname=host if tls else None,
         )
         conn = cast(UpstreamConnection, proto)
-        self._open.add(conn)
-        conn.opened = self._open
+        if not conn.closed:  # lost already (connection_lost ran first): nothing to track
+            self._open.add(conn)
+            conn.opened = self._open
         return conn

@@ -60,7 +60,7 @@ async def paced(
     targets = [(url, "")] + [(u, k) for u, k in ((pair_url, "pair_"), (direct_url, "direct_")) if u is not None]
     latencies: dict[str, list[float]] = {key: [] for _, key in targets}
     late: list[float] = []
-    errors = 0
+    errors: dict[str, int] = {}
     statuses: dict[int, int] = {}
     async with contextlib.AsyncExitStack() as stack:
         sessions = [await stack.enter_async_context(_session(connections)) for _ in targets]
@@ -75,21 +75,20 @@ async def paced(
         async def fire(to: aiohttp.ClientSession, target: str, due: float, key: str) -> None:
             """One request sent at `due`; its latency into its target's list (the peer's also keeps the
             lateness and the statuses)."""
-            nonlocal errors
             if not key:
                 late.append(loop.time() - due)
             start = time.perf_counter()
             try:
                 status = await one(to, target, body, headers)
             except (TimeoutError, aiohttp.ClientError, OSError):
-                errors += 1
+                errors[key] = errors.get(key, 0) + 1
                 return
             if not key:
                 statuses[status] = statuses.get(status, 0) + 1
             if status == 200:
                 latencies[key].append(time.perf_counter() - start)
             else:
-                errors += 1
+                errors[key] = errors.get(key, 0) + 1
 
         for i in range(total):
             for j, (session, (target, key)) in enumerate(zip(sessions, targets, strict=True)):
@@ -104,7 +103,7 @@ async def paced(
     out: dict[str, Any] = {
         "sent": total,
         "ok": len(mine),
-        "errors": errors,
+        "errors": errors.get("", 0),
         "statuses": statuses,
         "rate": round(total / wall, 1) if wall > 0 else None,
         "p50_ms": pct(mine, 50) * 1e3,
@@ -116,6 +115,7 @@ async def paced(
     }
     for _, key in targets[1:]:
         out[f"{key}p50_ms"] = pct(latencies[key], 50) * 1e3
+        out[f"{key}errors"] = errors.get(key, 0)
     return out
 
 

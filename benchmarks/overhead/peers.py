@@ -477,12 +477,15 @@ def main() -> int:
             run: Callable[[], dict[str, Any]],
             profile: str | None,
             secs: float,
+            pair: Peer | None = None,
         ) -> dict[str, Any]:
             pids = peer.pids()
             meter = CpuMeter(pids)
             noise: dict[str, Any] = {}
             ctx = prof.record(peer.procs[0].pid, profile, secs) if profile else contextlib.nullcontext()
-            with ctx, Noise(px_core, load_core, pids, load_pids).measure(noise):
+            # The pair (the floor, in the latency test) shares the proxy core on purpose: not noise.
+            ours = pids + (pair.pids() if pair is not None else [])
+            with ctx, Noise(px_core, load_core, ours, load_pids).measure(noise):
                 meter.start()
                 r = run()
                 meter.stop()
@@ -524,7 +527,7 @@ def main() -> int:
             pair = next((p for p in running if p.name == floor and p is not peer), None)
             if pair is not None:
                 args += ["--pair-url", pair.urls["json"] + path["json"]]
-            r = measured(peer, lambda: loadgen(load_core, *args), None, a.latency_duration)
+            r = measured(peer, lambda: loadgen(load_core, *args), None, a.latency_duration, pair)
             r["added_p50_ms"] = r["p50_ms"] - r["direct_p50_ms"]
             if pair is not None:
                 r["pair_added_p50_ms"] = r["pair_p50_ms"] - r["direct_p50_ms"]
