@@ -106,6 +106,11 @@ class EngineAdapter(Protocol):
         ...
 
     @property
+    def native_fixes(self) -> frozenset[str]:
+        """Rewrites a native body needs on this engine ("fold_system", "thinking_enabled")."""
+        ...
+
+    @property
     def metrics_path(self) -> str:
         """Where the engine's Prometheus text lives; "" when it has none (don't scrape)."""
         ...

@@ -88,5 +88,8 @@ ADAPTER = TableAdapter(
     ),
     # Measured on llama.cpp b1-7e4c0a9 (PR #17570): /v1/messages and count_tokens.
     native_apis=frozenset({"messages", "count_tokens"}),
+    # Its Messages endpoint hands a `system` message inside `messages` to the chat template, and
+    # common templates (Qwen's) refuse one anywhere but first; it reads only thinking.type "enabled".
+    native_fixes=frozenset({"fold_system", "thinking_enabled"}),
     models=MODELS,
 )

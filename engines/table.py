@@ -291,6 +291,10 @@ class TableAdapter:
     native_apis: frozenset[str] = frozenset()
     """The client protocols the engine serves itself, among NATIVE_APIS: their bytes pass through
     (errors still normalised); the rest are translated to chat completions."""
+    native_fixes: frozenset[str] = frozenset()
+    """What the gateway rewrites in a native body because this engine's own handling of it is known
+    to break an agent (docs/agents.md): "fold_system" (a `system` message inside Messages'
+    `messages`), "thinking_enabled" (Messages' adaptive thinking, which the engine does not read)."""
     models: ModelsTable = DEFAULT_MODELS
     """What the engine serves and its context window (docs/routing.md, "Model discovery")."""
 

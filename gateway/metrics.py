@@ -138,6 +138,12 @@ class GatewayMetrics:
         self.cap_actions = LeanCounter(
             "gateway_context_cap", "Context-cap actions taken.", ("route", "action", "method"), registry=r
         )
+        self.dropped_features = LeanCounter(
+            "gateway_dropped_features",
+            "Request features a translation to chat completions left out (x-gateway-dropped), by name.",
+            ("route", "api", "feature"),
+            registry=r,
+        )
         self.truncated_messages = LeanCounter(
             "gateway_truncated_messages", "Messages dropped by truncate_oldest.", ("route",), registry=r
         )
@@ -202,7 +208,13 @@ class GatewayMetrics:
             *(self.ttft, self.itl, self.duration, self.request_tps),
             *(self.output_tokens, self.prompt_tokens, self.requests, self.in_flight, self.queue_wait),
             *(self.overhead, self.relay_seconds, self.relay_chunks, self.route_decisions, self.cap_actions),
-            *(self.truncated_messages, self.retries, self.retry_budget_exhausted, self.upstream_errors),
+            *(
+                self.dropped_features,
+                self.truncated_messages,
+                self.retries,
+                self.retry_budget_exhausted,
+                self.upstream_errors,
+            ),
             *(self.client_disconnects, self.wasted_tokens, self.backend_up, self.backend_model),
             *(self.backend_load, self.scrape_age, self.rate_limited, self.limiter_up, self.limiter_errors),
         ]

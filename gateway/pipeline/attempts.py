@@ -5,6 +5,7 @@ balancer from the backend that answered; then hand over to the relay."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Sequence
 
@@ -28,6 +29,7 @@ from gateway.pipeline.headers import for_backend
 from gateway.pipeline.relay import IdleEnd, Relay
 from gateway.pipeline.router import Plan, Router
 from gateway.protocols.base import Inbound, ProtocolAdapter
+from gateway.protocols.dropped import KNOWN_DROPPED
 from gateway.upstream import UpstreamClient, UpstreamResponse, UpstreamTooLarge, error_kind
 
 _MAX_ERROR_BODY = 64 * 1024
@@ -120,12 +122,13 @@ class Attempts:
         body = bodies.get((upstream_model, target.path))
         if body is None:
             body = bodies[(upstream_model, target.path)] = protocol.encode(inbound, edits, upstream_model, target)
+        path = target.path
+        if target.native and ex.query:
+            path = f"{path}?{ex.query}"
         try:
             if first:
                 self._accounting.sent(ex)
-            resp = await self._upstream.post(
-                backend.url + target.path, body, for_backend(headers, backend), backend.name
-            )
+            resp = await self._upstream.post(backend.url + path, body, for_backend(headers, backend), backend.name)
         except (UpstreamError, UpstreamTimeout) as exc:
             self._health.failure(backend, error_kind(exc))
             return exc
@@ -141,6 +144,8 @@ class Attempts:
                 return error
             raise error
         self._router.learn(plan, backend.name)
+        if inbound.dropped and not target.native:
+            self._said_dropped(ex, inbound)
         if upstream_model is not None:  # an alias, a backend's `model:`, or a wildcard's rewrite
             ex.headers.append((b"x-gateway-model", upstream_model.encode("latin-1", "replace")))
         try:
@@ -159,6 +164,20 @@ class Attempts:
         if ex.outcome == "success":
             self._health.success(backend)
         return None
+
+    def _said_dropped(self, ex: Exchange, inbound: Inbound) -> None:
+        """x-gateway-dropped names what the translation left out; the metric counts it by name."""
+        ex.headers.append((b"x-gateway-dropped", dropped_header(inbound.dropped)))
+        for name in inbound.dropped:
+            label = name if name in KNOWN_DROPPED else "other"
+            self._metrics.dropped_features.labels(ex.route, inbound.api, label).inc()
+
+
+def dropped_header(names: Sequence[str]) -> bytes:
+    """The names as one header value: only name characters, at most 512 bytes (a client's tool type
+    could hold anything)."""
+    safe = [re.sub(r"[^A-Za-z0-9_.:-]", "_", n)[:64] for n in names]
+    return ",".join(safe).encode("ascii")[:512]
 
 
 async def _error_from(resp: UpstreamResponse, backend: Backend) -> GatewayError:

@@ -134,6 +134,9 @@ class CompletionEndpoint:
                 )
             route = resolved.route
             ex.route, ex.model, ex.stream = route.label, inbound.model, inbound.stream
+            query = scope.get("query_string")
+            if query:
+                ex.query = query.decode("latin-1")
             if self._variants:
                 protocol = self._variants.get(route.label, protocol)
             await self._access.admit(client, inbound.model)  # the key's model allowlist and limits

@@ -32,6 +32,9 @@ class Exchange:
     model: str | None = None
     """The client's model name, for the access log (never a metric label)."""
     stream: bool = False
+    query: str = ""
+    """The client's query string (Claude Code's ?beta=true): sent on where the engine serves the
+    protocol natively; a translated request's path is the gateway's own."""
     pool: str = NONE
     rule: str = ""
     backend: Backend | None = None

@@ -45,6 +45,9 @@ class Inbound:
     length_fields: tuple[str, ...] = ()
     """Every output-length field the client set (engines' own too: `n_predict`, ...); a max_tokens
     edit writes them all, so none can carry more than the cap allows."""
+    dropped: tuple[str, ...] = ()
+    """What the translation to chat completions leaves out (thinking, web_search, ...): said in the
+    x-gateway-dropped header and counted when a request takes the translated path."""
     pin: str | None = None
     """An id of state that one backend holds (Responses' previous_response_id): the request must go
     to the backend that answered with that id, not to the balancer's choice."""
@@ -57,6 +60,8 @@ class Target:
     path: str
     native: bool = True
     """The engine speaks this protocol itself: bodies and streams are relayed as they are."""
+    fixes: frozenset[str] = frozenset()
+    """Rewrites a native body needs on this engine (its table's native_fixes)."""
 
 
 class SseObserver(Protocol):

@@ -16,10 +16,17 @@ from gateway.errors import GatewayError, InvalidRequest, UpstreamError
 from gateway.pipeline.edits import NO_EDITS, Edits, apply_edits, needs_encoding
 from gateway.protocols.anthropic_errors import error_body, error_body_bytes, from_gateway_error
 from gateway.protocols.base import Api, Inbound, SseObserver, StreamTransform, Target
+from gateway.protocols.dropped import Dropped
 from gateway.protocols.frames import encode_event
 from gateway.protocols.inbound import STEERING_FIELDS, _length_limit, decode_json
+from gateway.protocols.messages_native import fix_native
 from gateway.protocols.messages_stream import MessagesStream
-from gateway.protocols.messages_translate import chat_to_message, count_tokens_body, messages_to_chat
+from gateway.protocols.messages_translate import (
+    chat_to_message,
+    count_tokens_body,
+    messages_to_chat,
+    metadata_session,
+)
 from gateway.protocols.native_observers import NativeObserver
 from gateway.protocols.sse import StreamObserver
 
@@ -33,6 +40,11 @@ def _natives(api: str) -> frozenset[str]:
     return frozenset(kind for kind, adapter in ADAPTERS.items() if api in adapter.native_apis)
 
 
+def _native_targets(api: str, path: str) -> dict[str, Target]:
+    """The native target of each engine kind that serves `api`, with the fixes its body needs there."""
+    return {kind: Target(path, fixes=ADAPTERS[kind].native_fixes) for kind in _natives(api)}
+
+
 @mypyc_attr(allow_interpreted_subclasses=True)  # a base for adapters of your own
 class AnthropicProtocol:
     """What both Messages endpoints share: parsing, errors in Anthropic's shape, the native choice."""
@@ -40,10 +52,11 @@ class AnthropicProtocol:
     api: Api = "messages"
     path: str
     _native_api: str
+    _length_field: str | None = "max_tokens"
 
     def __init__(self) -> None:
         self._native_kinds = _natives(self._native_api)
-        self._native = Target(self.path)
+        self._targets = _native_targets(self._native_api, self.path)
 
     def parse(self, raw: bytes, limits: LimitsConfig) -> Inbound:
         body = decode_json(raw, limits.max_json_depth, limits.max_json_nodes, limits.max_json_containers)
@@ -71,7 +84,10 @@ class AnthropicProtocol:
             # sees the largest, and a clamp writes them all (docs/reliability.md defect 6).
             largest, length_fields = _length_limit(body)
             max_tokens = max(max_tokens, largest or 0)
-        chat = messages_to_chat(body)  # validates every block; the estimate and the translation read it
+        # The chat form is what the estimate, the prefix fingerprint and the translated path read. It
+        # never refuses a block it does not know: a native engine gets the client's body as it is.
+        dropped = Dropped()
+        chat = messages_to_chat(body, dropped)
         tools = body.get("tools")
         return Inbound(
             api="messages",
@@ -85,10 +101,11 @@ class AnthropicProtocol:
             n=1,
             messages=None,  # truncate_oldest is not offered on Messages: an over-cap request is rejected
             has_tools=bool(tools),
-            user=chat.get("user"),
+            user=metadata_session(body.get("metadata")),
             stripped=tuple(name for name in STEERING_FIELDS if name in body),
             translated=chat,
             length_fields=length_fields,
+            dropped=tuple(dropped.names),
         )
 
     def _max_tokens(self, body: Mapping[str, Any]) -> int | None:
@@ -99,6 +116,15 @@ class AnthropicProtocol:
 
     def native(self, engine: str) -> bool:
         return engine in self._native_kinds
+
+    def native_body(self, inbound: Inbound, edits: Edits, model: str | None, target: Target) -> bytes:
+        """The client's bytes, or the body re-encoded with the edits and the engine's fixes."""
+        fixed = fix_native(inbound.body, target.fixes) if target.fixes else None
+        if fixed is None:
+            if not needs_encoding(edits, inbound.model, model):
+                return inbound.raw
+            return apply_edits(inbound.body, edits, self._length_field, model, inbound.length_fields)
+        return apply_edits(fixed, edits, self._length_field, model, inbound.length_fields)
 
     def base_edits(self, inbound: Inbound) -> Edits:
         return Edits(drop_fields=inbound.stripped) if inbound.stripped else NO_EDITS
@@ -130,13 +156,11 @@ class MessagesProtocol(AnthropicProtocol):
         return inbound.translated
 
     def target(self, inbound: Inbound, engine: str) -> Target:
-        return self._native if engine in self._native_kinds else self._chat
+        return self._targets.get(engine, self._chat)
 
     def encode(self, inbound: Inbound, edits: Edits, model: str | None, target: Target) -> bytes:
         if target.native:
-            if not needs_encoding(edits, inbound.model, model):
-                return inbound.raw
-            return apply_edits(inbound.body, edits, "max_tokens", model, inbound.length_fields)
+            return self.native_body(inbound, edits, model, target)
         assert inbound.translated is not None
         return apply_edits(inbound.translated, edits, "max_tokens", model)
 
@@ -174,6 +198,7 @@ class CountTokensProtocol(AnthropicProtocol):
 
     path = "/v1/messages/count_tokens"
     _native_api = "count_tokens"
+    _length_field = None
 
     def __init__(self) -> None:
         super().__init__()
@@ -192,13 +217,11 @@ class CountTokensProtocol(AnthropicProtocol):
         return None  # nothing to cap; a count is not a generation
 
     def target(self, inbound: Inbound, engine: str) -> Target:
-        return self._native if engine in self._native_kinds else self._chat
+        return self._targets.get(engine, self._chat)
 
     def encode(self, inbound: Inbound, edits: Edits, model: str | None, target: Target) -> bytes:
         if target.native:
-            if not needs_encoding(edits, inbound.model, model):
-                return inbound.raw
-            return apply_edits(inbound.body, edits, None, model)
+            return self.native_body(inbound, edits, model, target)
         assert inbound.translated is not None
         chat = {**inbound.translated, "max_tokens": 1, "stream": False}
         return apply_edits(chat, NO_EDITS, None, model or inbound.model)

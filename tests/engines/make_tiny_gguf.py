@@ -1,6 +1,6 @@
 """Write a tiny random-weight llama GGUF for running a real llama-server in tests.
 
-Usage: python make_tiny_gguf.py OUT.gguf   (needs the `gguf` and `numpy` packages)
+Usage: python make_tiny_gguf.py OUT.gguf [--agent]   (needs the `gguf` and `numpy` packages)
 
 Llama architecture, 2 layers, n_embd 128, ff 256, 4 heads / 2 KV heads, context_length 4096, f32,
 gpt2 byte-level BPE tokenizer (see tiny_vocab.py), ChatML chat template. Deterministic: the same
@@ -12,6 +12,12 @@ positive value. The output layer's column 0 is -40 for banned tokens (non-printa
 special tokens, EOS) and 0 otherwise, which puts banned logits far below -100. So llama-server never
 emits invalid UTF-8 (which it answers with HTTP 500) and never stops early: generation runs to
 max_tokens.
+
+``--agent`` writes the model the coding-agent tests run (Claude Code, Codex CLI): a 65,536-token
+window, because an agent's first request carries its whole tool list (tens of thousands of tokens in
+this small vocabulary), and an end-of-turn token (<|im_end|>) that is not banned but unlikely
+(``AGENT_EOS_WEIGHT``), so that a turn ends by itself after some tens of tokens whatever
+``max_tokens`` the agent asks for.
 """
 
 from __future__ import annotations
@@ -33,11 +39,13 @@ N_HEAD = 4
 N_HEAD_KV = 2
 HEAD_DIM = N_EMBD // N_HEAD
 CTX = 4096
+AGENT_CTX = 65536
+AGENT_EOS_WEIGHT = 0.2  # output.weight[<|im_end|>, 0] for --agent: a turn of some tens of tokens
 BIAS_VALUE = 4.0  # the constant held by hidden dim 0
 BANNED_WEIGHT = -40.0  # output.weight[banned, 0]
 
 
-def build_weights(n_vocab: int, banned: list[bool]) -> dict[str, np.ndarray]:
+def build_weights(n_vocab: int, banned: list[bool], eos: int | None = None) -> dict[str, np.ndarray]:
     """Random llama weights, numpy shapes (out_features, in_features), with the bias channel."""
     rng = np.random.default_rng(SEED)
 
@@ -66,11 +74,13 @@ def build_weights(n_vocab: int, banned: list[bool]) -> dict[str, np.ndarray]:
     w["output_norm.weight"] = np.ones(N_EMBD, dtype=np.float32)
     out = rand(n_vocab, N_EMBD, std=0.15)
     out[:, 0] = np.where(np.array(banned), BANNED_WEIGHT, 0.0).astype(np.float32)
+    if eos is not None:
+        out[eos, 0] = AGENT_EOS_WEIGHT
     w["output.weight"] = out
     return w
 
 
-def write_gguf(path: Path) -> None:
+def write_gguf(path: Path, agent: bool = False) -> None:
     tokens, merges = build_vocab()
     banned = banned_token_mask(tokens)
     token_types = [gguf.TokenType.CONTROL if tok in SPECIAL_TOKENS else gguf.TokenType.NORMAL for tok in tokens]
@@ -79,7 +89,7 @@ def write_gguf(path: Path) -> None:
 
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_name("tiny-test-llama")
-    writer.add_context_length(CTX)
+    writer.add_context_length(AGENT_CTX if agent else CTX)
     writer.add_embedding_length(N_EMBD)
     writer.add_block_count(N_LAYER)
     writer.add_feed_forward_length(N_FF)
@@ -103,7 +113,7 @@ def write_gguf(path: Path) -> None:
     writer.add_add_bos_token(False)
     writer.add_chat_template(CHATML_TEMPLATE)
 
-    for name, arr in build_weights(len(tokens), banned).items():
+    for name, arr in build_weights(len(tokens), banned, im_end_id if agent else None).items():
         writer.add_tensor(name, arr)
 
     writer.write_header_to_file()
@@ -113,12 +123,15 @@ def write_gguf(path: Path) -> None:
 
 
 def main() -> None:
-    if len(sys.argv) != 2:
-        sys.exit("usage: make_tiny_gguf.py OUT.gguf")
-    out = Path(sys.argv[1])
+    args = sys.argv[1:]
+    agent = "--agent" in args
+    paths = [a for a in args if a != "--agent"]
+    if len(paths) != 1:
+        sys.exit("usage: make_tiny_gguf.py OUT.gguf [--agent]")
+    out = Path(paths[0])
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(out.suffix + ".tmp")
-    write_gguf(tmp)
+    write_gguf(tmp, agent)
     tmp.replace(out)
     print(f"wrote {out} ({out.stat().st_size} bytes)")
 

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from gateway.errors import InvalidRequest
+from gateway.protocols.dropped import Dropped
 from gateway.protocols.messages_stream import MessagesStream
 from gateway.protocols.messages_translate import (
     chat_to_message,
@@ -239,19 +240,96 @@ def test_tool_choice(choice: dict[str, Any], expected: dict[str, Any]) -> None:
     "body",
     [
         {"messages": []},
-        {"messages": [{"role": "system", "content": "x"}]},
         {"messages": [{"role": "user", "content": 5}]},
-        {"messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]},
-        {"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "file"}}]}]},
-        {"messages": [{"role": "user", "content": "x"}], "system": [{"type": "image"}]},
-        {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "web_search_20250305", "name": "w"}]},
-        {"messages": [{"role": "user", "content": "x"}], "tool_choice": {"type": "tool"}},
+        {"messages": [{"role": "robot", "content": "x"}]},
         {"messages": [{"role": "user", "content": "x"}], "stop_sequences": "x"},
     ],
 )
-def test_malformed_requests_are_invalid_requests_not_crashes(body: dict[str, Any]) -> None:
+def test_a_body_with_no_conversation_is_an_invalid_request(body: dict[str, Any]) -> None:
     with pytest.raises(InvalidRequest):
         messages_to_chat({"model": "m", "max_tokens": 1, **body})
+
+
+@pytest.mark.parametrize(
+    ("body", "dropped"),
+    [
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": [{"type": "text", "text": "x"}, {"type": "document", "source": {}}]}
+                ]
+            },
+            ["document"],
+        ),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [{"type": "text", "text": "x"}, {"type": "image", "source": {"type": "file"}}],
+                    }
+                ]
+            },
+            ["image"],
+        ),
+        ({"system": [{"type": "image"}]}, ["system.image"]),
+        ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, ["web_search_20250305"]),
+        ({"tools": [{"name": "no_schema"}]}, ["tool_without_schema"]),
+        ({"tool_choice": {"type": "tool"}}, []),
+        ({"thinking": {"type": "adaptive"}, "output_config": {"effort": "high"}}, ["thinking", "output_config"]),
+        ({"context_management": {"edits": []}}, ["context_management"]),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [{"type": "text", "text": "x"}, {"type": "search_result", "content": []}],
+                    }
+                ]
+            },
+            ["search_result"],
+        ),
+        (
+            {"tools": [{"name": "f", "input_schema": {"type": "object"}, "defer_loading": True}]},
+            ["defer_loading"],
+        ),
+    ],
+)
+def test_what_chat_cannot_express_is_dropped_and_named(body: dict[str, Any], dropped: list[str]) -> None:
+    lost = Dropped()
+    full = {"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}], **body}
+    chat = messages_to_chat(full, lost)
+    assert lost.names == dropped
+    assert chat["messages"], "the conversation is still there"
+    for tool in chat.get("tools", []):
+        assert tool["function"]["parameters"], "never an empty-schema function"
+    assert "web_search" not in json.dumps(chat.get("tools", []))
+
+
+def test_a_mid_conversation_system_message_joins_the_user_turn_before_it() -> None:
+    chat = messages_to_chat(
+        {
+            "model": "m",
+            "max_tokens": 1,
+            "system": [
+                {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1; cch=abc12;"},
+                {"type": "text", "text": "You are an agent."},
+            ],
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+                {"role": "system", "content": [{"type": "text", "text": "# Environment"}]},
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "Read", "input": {}}]},
+                {"role": "system", "content": "between"},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "ok"}]},
+                {"role": "user", "content": "next"},
+            ],
+        }
+    )
+    assert [m["role"] for m in chat["messages"]] == ["system", "user", "assistant", "tool", "user"]
+    assert chat["messages"][0]["content"] == "You are an agent.", "the per-request billing line is left out"
+    assert chat["messages"][1]["content"] == "hi\n\n# Environment"
+    assert chat["messages"][3]["content"] == "ok", "nothing between a tool call and its result"
+    assert chat["messages"][4]["content"] == "between\n\nnext"
 
 
 @pytest.mark.parametrize(
