@@ -1,5 +1,5 @@
 """Prefix-cache hit rate of the gateway's `prefix_affinity` balancer against `round_robin` and an
-oracle, on two REAL vLLM CPU replicas with prefix caching (issue 4, "Done when").
+oracle, on two REAL vLLM CPU replicas with prefix caching (docs/routing-benchmark.md).
 
     GATEWAY_CI_CACHE=/tmp/gwci-cold python benchmarks/affinity.py [--conversations 25] [--turns 4]
 

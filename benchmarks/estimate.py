@@ -2,7 +2,7 @@
 
     python benchmarks/estimate.py
 
-The bar (issue 5) is <= 20 us per estimate for a 32k-token prompt. The estimate counts characters
+The bar is <= 20 us per estimate for a 32k-token prompt. The estimate counts characters
 per message (len() of each string, O(messages)) and divides by a learned ratio; it never walks the
 text, so its cost depends on the number of messages, not on their length."""
 

@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO))
 from gateway import metrics  # noqa: E402
 from gateway.config_loader import parse_config  # noqa: E402
 
-# The layout before issue 16, for comparison.
+# The coarse layout the fine histograms replaced, for comparison.
 COARSE = {
     "gateway_time_to_first_token_seconds": (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0),
     "gateway_inter_token_latency_seconds": (
@@ -157,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     layouts: dict[str, dict[str, tuple[float, ...]]] = {"coarse (before)": COARSE}
     for n in (int(x) for x in args.per_decade.split(",")):
         layouts[f"{n}/decade (r={10 ** (1 / n):.4f})"] = layout(n)
-    # The label sets with backend (as before issue 16) and without it (as shipped).
+    # The label sets with backend (the older layout) and without it (as shipped).
     full, by_route = ("route", "pool", "backend"), ("route", "pool")
     sets_full = label_sets(args.config, args.replicas, full)
     sets_route = label_sets(args.config, args.replicas, by_route)

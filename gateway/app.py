@@ -178,7 +178,7 @@ def _assemble(gw: Gateway) -> _Served:
     ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_exception})
     # Starlette's trailing-slash redirect builds its Location from the client's Host header (an open
-    # redirect, issue 12 defect 11); an unknown path is an OpenAI-shaped 404 instead.
+    # redirect: docs/reliability.md defect 11); an unknown path is an OpenAI-shaped 404 instead.
     app.router.redirect_slashes = False
     app.state.gateway = gw
     return _Served(gw, app, {e.path: e for e in endpoints}, [])
@@ -297,7 +297,7 @@ class GatewayApp:
 
     async def _retire(self, old: _Served, gone: set[str]) -> None:
         """Close the old gateway once its last request has ended, however long that takes: closing
-        its session under a live stream would cut it (issue 12, defect 1). No request waits for
+        its session under a live stream would cut it (docs/reliability.md defect 1). No request waits for
         ever: each ends by its own deadlines (timeouts.first_byte_s, idle_s, limits.queue_timeout_s),
         a client leaving, or the drain deadline at shutdown."""
         for task in old.tasks:  # the new gateway checks health and scrapes load from now on

@@ -2,7 +2,7 @@
 answer with httptools' response parser (the C parser uvicorn uses inbound), buffering the body for
 the reader with back-pressure. `upstream_pool.py` keeps these alive between requests.
 
-Why not aiohttp's client any more: on issue 13's benchmark it was the largest single item of the
+Why not aiohttp's client any more: on the overhead benchmark it was the largest single item of the
 gateway's CPU per proxied request (20-27 %), more than all the gateway's routing; this does the same
 job for the one kind of request the gateway makes (a request with a known-length body, an answer
 read to its end or abandoned) in a fraction of it (docs/benchmarks.md gives the figures)."""

@@ -49,6 +49,7 @@ say "lint"
 ruff check .
 ruff format --check .
 mypy
+python3 tests/lint_docs.py  # no development-diary phrases in the docs, code, tests or benchmarks
 
 say "overhead smoke (20 s: the gateway beside a 35-line proxy; fails only past 2x its CPU)"
 if ! command -v nginx >/dev/null || ! command -v wrk >/dev/null; then

@@ -39,6 +39,9 @@ from machine import CpuMeter, Noise, children, rss_mb  # noqa: E402
 from processes import Env, Proc, free_port, own_autogroup_nice, restore_autogroup_nice, set_nice, wait_http  # noqa: E402
 from report import render  # noqa: E402
 
+sys.path.insert(1, str(HERE.parents[1]))  # the repository root, for benchmarks/record.py
+from benchmarks import record  # noqa: E402
+
 
 def git_state() -> str:
     """The commit measured, and whether the gateway's code differed from it (others may be editing)."""
@@ -178,6 +181,7 @@ def main() -> int:
         "only) keeps other processes on a shared machine from skewing the figures",
     )
     p.add_argument("--keep", action="store_true", help="keep the temporary folder (configs, logs)")
+    record.add_arguments(p)
     a = p.parse_args()
     if a.quick:
         a.duration, a.warmup, a.latency_duration, a.rounds = 3, 1, 3, 2
@@ -446,6 +450,7 @@ def main() -> int:
         a.out.write_text(table + "\n")
     if a.json is not None:
         a.json.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    record.write_if_asked(a, "overhead-direct", results)
     if a.profile is not None:
         summary = subprocess.run(
             [sys.executable, str(HERE / "profile_summary.py"), *sorted(str(x) for x in a.profile.glob("*.txt"))],

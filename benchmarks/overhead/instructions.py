@@ -33,6 +33,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 import configs
 from processes import REPO, Env, free_port, wait_http
 
+sys.path.insert(1, str(REPO))  # the repository root, for benchmarks/record.py
+from benchmarks import record
+
 HERE = Path(__file__).resolve().parent
 LONG, SHORT = 100, 20
 DELAY_MS = 40
@@ -93,6 +96,7 @@ def main() -> int:
     p.add_argument("--streams", type=int, default=20, help="concurrent streams in each stream phase")
     p.add_argument("--requests", type=int, default=400, help="non-stream requests")
     p.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    record.add_arguments(p)
     a = p.parse_args()
     tree = a.tree.resolve()
     src = tree
@@ -163,6 +167,15 @@ def main() -> int:
     if a.json is not None:
         figures = {"per_request": per_request, "per_token": per_token, "per_stream": per_stream}
         a.json.write_text(json.dumps({"tree": str(tree), "build": build, **figures}, indent=2) + "\n")
+    measured = {
+        "nonstream_request": per_request,
+        "stream_100_tokens": per_long,
+        "stream_20_tokens": per_short,
+        "token_at_margin": per_token,
+        "stream_besides_tokens": per_stream,
+    }
+    note = f"{build} build of {tree} at {head.stdout.strip() or '?'}"
+    record.write_if_asked(a, "overhead-instructions", {build.lower(): measured}, notes=note)
     return 0
 
 

@@ -43,6 +43,9 @@ from bench import Profiler, loadgen, wrk  # noqa: E402
 from machine import CpuMeter, Noise, children, rss_mb  # noqa: E402
 from processes import REPO, Env, Proc, free_port, own_autogroup_nice, restore_autogroup_nice, set_nice  # noqa: E402
 
+sys.path.insert(1, str(REPO))  # the repository root, for benchmarks/record.py
+from benchmarks import record  # noqa: E402
+
 CACHE = Path(os.environ.get("GATEWAY_CI_CACHE", Path.home() / ".cache" / "gateway-ci"))
 ROUTERS = {"sglang-router": "0.3.2", "vllm-router": "0.1.17"}
 KINDS = ("json", "sse", "paced")  # the upstream each test uses: nginx static, nginx static SSE, paced
@@ -297,6 +300,7 @@ def main() -> int:
     p.add_argument("--json", type=Path, default=None, help="also write every raw figure here")
     p.add_argument("--out", type=Path, default=None, help="also write the tables here")
     p.add_argument("--keep", action="store_true")
+    record.add_arguments(p)
     a = p.parse_args()
     tests = [t for t in a.tests.split(",") if t]
     peer_names = [x for x in a.peers.split(",") if x]
@@ -575,6 +579,10 @@ def main() -> int:
     if a.json is not None:
         blob = {"meta": meta, "results": results, "summary": summary}
         a.json.write_text(json.dumps(blob, indent=2, default=str) + "\n")
+    if not a.smoke:  # the smoke is a check, not a measurement worth keeping
+        name = "overhead-compare" if a.compare else "overhead"
+        extra = {"rounds": a.rounds, "noise": noise, "peers": {p.name: p.note for p in peers if p.note}}
+        record.write_if_asked(a, name, summary, notes=f"code measured: {meta['head']}", extra=extra)
     if a.profile is not None:
         prof_files = sorted(str(x) for x in a.profile.glob("*.txt"))
         argv = [sys.executable, str(HERE / "profile_summary.py"), *prof_files]

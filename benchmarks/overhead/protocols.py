@@ -31,6 +31,9 @@ from machine import CpuMeter  # noqa: E402
 from peers import wait_ready  # noqa: E402
 from processes import REPO, Env, free_port  # noqa: E402
 
+sys.path.insert(1, str(REPO))  # the repository root, for benchmarks/record.py
+from benchmarks import record  # noqa: E402
+
 NGINX_CONF = """\
 worker_processes 1;
 pid {tmp}/nginx.pid;
@@ -152,6 +155,7 @@ def main() -> int:
     p.add_argument("--connections", type=int, default=50)
     p.add_argument("--chunks", type=int, default=200, help="content events per stream")
     p.add_argument("--json", type=Path, default=None, help="also write every raw figure here")
+    record.add_arguments(p)
     a = p.parse_args()
     for tool in ("nginx", "wrk", "taskset"):
         if shutil.which(tool) is None:
@@ -240,7 +244,23 @@ def main() -> int:
     print(render(results, a))
     if a.json is not None:
         a.json.write_text(json.dumps(results, indent=2) + "\n")
+    record.write_if_asked(a, "overhead-protocols", summary(results))
     return 0
+
+
+def summary(results: dict[str, list[dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """Per scenario: the median of its figure and the ratio to chat in the same round [min-max]."""
+    out = {}
+    for s in SCENARIOS:
+        key = "cpu_us_per_event" if SCENARIOS[s][3] else "cpu_us_per_req"
+        vals = [r[key] for r in results[s]]
+        row = {key: statistics.median(vals), "ratio": 1.0}
+        base = BASE.get(s)
+        if base is not None:
+            rs = [v / b[key] for v, b in zip(vals, results[base], strict=False)]
+            row.update(ratio=statistics.median(rs), ratio_min=min(rs), ratio_max=max(rs))
+        out[s] = row
+    return out
 
 
 def render(results: dict[str, list[dict[str, float]]], a: argparse.Namespace) -> str:

@@ -1,4 +1,4 @@
-"""bench.json (every figure, in the issue's shape) and bench.csv (one flat row per level and target)."""
+"""bench.json (every figure, in the shape docs/bench.md gives) and bench.csv (one flat row per level and target)."""
 
 from __future__ import annotations
 

@@ -75,7 +75,7 @@ class Endpoints:
         except GatewayError as err:
             return error_response(err)
         model = request.path_params["model"]
-        if not model:  # /v1/models/ is no endpoint (and never a redirect: issue 12)
+        if not model:  # /v1/models/ is no endpoint (and never a redirect: open redirect)
             return error_response(NotFound(f"No such endpoint: {request.url.path}."))
         entry = self.model_list().get(model)
         if entry is None or (client is not None and not client.allows(model)):

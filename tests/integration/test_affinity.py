@@ -1,5 +1,5 @@
 """prefix_affinity keeps conversations where their prefix is cached, on two REAL vLLM CPU replicas with
-prefix caching: the CI-sized version of benchmarks/affinity.py (issue 4).
+prefix caching: the CI-sized version of benchmarks/affinity.py.
 
 Nine interleaved 3-turn conversations (~440-token openings, ~70 tokens more each turn) go through the
 gateway once with `prefix_affinity` and once with `round_robin`, one request at a time, with each

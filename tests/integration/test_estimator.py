@@ -1,4 +1,4 @@
-"""Issue 5: after 20 requests, the gateway's token estimate for chat prompts is within 5 % of the
+"""After 20 requests, the gateway's token estimate for chat prompts is within 5 % of the
 engine's exact count, on a real vLLM."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""A REAL llama-server behind the gateway, attacked as issue 12 did (docs/reliability.md defects 2,
-5, 6): its HTTP 500s for client mistakes are 400s that never eject it; non-ASCII prompts over the
+"""A REAL llama-server behind the gateway, attacked as docs/reliability.md's defects 2,
+5 and 6 describe: its HTTP 500s for client mistakes are 400s that never eject it; non-ASCII prompts over the
 cap are rejected before it (by its own tokenizer's count); its `n_predict` obeys max_tokens_limit."""
 
 from __future__ import annotations

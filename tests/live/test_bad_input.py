@@ -96,7 +96,7 @@ async def test_client_auth(make_stack: StackFactory) -> None:
 
 @pytest.mark.slow
 async def test_ten_thousand_random_models_add_no_series(make_stack: StackFactory) -> None:
-    """Issue 6's cardinality check: 10,000 requests with random model names and headers leave the
+    """The cardinality check: 10,000 requests with random model names and headers leave the
     set of exported series exactly as a handful of known requests left it."""
     stack = await make_stack()
     url = stack.base_url + "/v1/chat/completions"

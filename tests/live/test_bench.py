@@ -1,6 +1,6 @@
 """gateway bench end to end against simulated engines behind a real gateway (a few seconds): the
 bench's token totals equal the gateway's own counters, no stream loses an event, and the command
-writes bench.json in the issue's shape, bench.csv and bench.png."""
+writes bench.json in the shape docs/bench.md gives, bench.csv and bench.png."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ async def test_token_totals_equal_the_gateways_counters(make_stack: StackFactory
     assert levels[1]["prefix_hit_rate"] > 0
 
 
-def test_the_command_writes_json_in_the_issues_shape_csv_and_png(
+def test_the_command_writes_json_in_the_documented_shape_csv_and_png(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "run"

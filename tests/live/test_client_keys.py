@@ -1,4 +1,4 @@
-"""Client keys done properly (issue 12; docs/configuration.md `keys`): hashed and environment keys,
+"""Client keys (docs/configuration.md `keys`): hashed and environment keys,
 a per-key model allowlist, per-key requests and tokens per minute with 429 + Retry-After in
 OpenAI's shape, counted per replica (no Redis here; tests/live/test_redis_limits.py shares them)."""
 

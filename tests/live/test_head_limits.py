@@ -1,4 +1,4 @@
-"""Bounds on the request head (issue 12, defect 3; docs/reliability.md 43): a gateway process of
+"""Bounds on the request head (docs/reliability.md defect 3 and item 43): a gateway process of
 its own, attacked over raw sockets, must cut an oversized head early, answer 431 in OpenAI's shape,
 and neither burn CPU nor hold memory for heads it will never serve."""
 

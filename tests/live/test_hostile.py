@@ -1,4 +1,4 @@
-"""Hostile clients and broken engines (issue 12; docs/reliability.md): each test is one defect
+"""Hostile clients and broken engines (docs/reliability.md): each test is one defect
 found by attacking the gateway, reproduced over real sockets against a real uvicorn."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The official openai Node SDK against the gateway in front of the simulator: its embeddings call
 asks for base64 by default and decodes it itself; a simulator that ignored encoding_format and sent
-floats handed older SDKs (4.x) vectors of zeros, silently (issue 10). Checked: the decoded vectors,
+floats handed older SDKs (4.x) vectors of zeros, silently. Checked: the decoded vectors,
 and what came over the wire."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Per-key limits shared across gateway replicas through a real redis-server (issue 12;
-docs/configuration.md `redis`): two gateways with their own state (two apps in one process, and
+"""Per-key limits shared across gateway replicas through a real redis-server
+(docs/configuration.md `redis`): two gateways with their own state (two apps in one process, and
 two `gateway serve` processes) hold one limit between them; when Redis goes away they keep serving
 (fail_open) or refuse limited keys (fail_open: false), and the limiter metrics say so."""
 

@@ -123,7 +123,7 @@ def test_sighup_reloads_the_file_and_refuses_a_bad_one(tmp_path: Path) -> None:
 
 
 async def test_a_reload_never_cuts_a_long_stream(make_stack: StackFactory) -> None:
-    """Issue 12 defect 1: the old session was closed drain_timeout_s after a reload, under the
+    """docs/reliability.md defect 1: the old session was closed drain_timeout_s after a reload, under the
     streams still running on it: the client got nothing for idle_s, then `timeout_idle`."""
     stack = await make_stack(server={"drain_timeout_s": 0.3}, timeouts={"idle_s": 3})
     app = stack.server.config.loaded_app

@@ -1,5 +1,5 @@
 """Two gateway instances built from the same config and given the same request stream make the same
-prefix_affinity choices from a cold start, without sharing any state (issue 4): the routing is derived
+prefix_affinity choices from a cold start, without sharing any state: the routing is derived
 from the request itself (blake2b fingerprint, rendezvous hash on backend names), never from process
 state such as Python's randomised hash() or start-up order."""
 

@@ -78,7 +78,7 @@ def test_plan_within_the_window_does_not_warn(tmp_path: Path, capsys: pytest.Cap
 
 
 def test_plan_for_compose_names_the_model_and_binds_all_interfaces(capsys: pytest.CaptureFixture[str]) -> None:
-    """Issue 10: not `vllm serve tiny --host vllm` (the served name as the model path, a DNS name
+    """Not `vllm serve tiny --host vllm` (the served name as the model path, a DNS name
     as the bind address) but a model-path placeholder, the served name, and 0.0.0.0."""
     assert main(["plan", "--offline", "--config", str(ROOT / "deploy/compose/gateway.yaml")]) == 0
     out = capsys.readouterr().out
@@ -99,7 +99,7 @@ def test_explain_shows_the_decision(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 
 def test_check_reports_each_mistake_once_with_suggestions(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Issue 10's example: three mistakes are three lines (no phantom `routes: Tuple should have at
+    """Three mistakes are three lines (no phantom `routes: Tuple should have at
     least 1 item`), each with a "did you mean"."""
     bad = tmp_path / "bad.yaml"
     bad.write_text(

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# LiteLLM, BerriAI/litellm litellm/litellm_core_utils/exception_mapping_utils.py (commit 002b24d3),
+# LiteLLM, BerriAI/litellm litellm/litellm_core_utils/exception_mapping_utils.py (revision 002b24d3),
 # ExceptionCheckers.is_error_str_context_window_exceeded, lines 74-105: the lower-cased error string
 # is searched for these substrings (lines 84-94); a hit raises ContextWindowExceededError (used by
 # _map_openai_exception for OpenAI-compatible providers such as hosted_vllm), which is what

@@ -1,6 +1,7 @@
 """The docs agree with the code: every config key in docs/configuration.md's tables is a field of
 the config models and every field is documented, with the code's default; the complete config
-examples validate; and every `gateway <subcommand>` the README and these docs mention exists."""
+examples validate; every `gateway <subcommand>` the README and these docs mention exists; and no
+development-diary phrase is left in them or in the code (tests/lint_docs.py)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from pydantic.fields import FieldInfo
 from gateway.cli import parser
 from gateway.config import GatewayConfig
 from gateway.config_loader import parse_config
+from tests import lint_docs
 
 pytestmark = pytest.mark.unit
 
@@ -277,3 +279,51 @@ def test_readme_snippet_names_a_model_the_demo_lists() -> None:
     assert models and models <= listed, (models, listed)
     assert 'base_url="http://127.0.0.1:4000/v1"' in snippet  # the demo's default port
     assert "python3 -m venv .venv" in text and "pip install -e '.[test]'" in text and "git clone" in text
+
+
+# ---------------------------------------------------------------------------------------------------
+# No development diary in the README, docs, code, tests or benchmarks (tests/lint_docs.py).
+
+# Each phrase class, assembled here so that this file does not trip the check it tests.
+DIARY = [
+    "measured in this st" + "op's runs",
+    "the previous st" + "op's figures",
+    "two stops" + " ago it was slower",
+    "0.6x in the oth" + "er runs",
+    "the second " + "run gave 0.7x",
+    "see issue" + " 13 for the targets",
+    "Issue" + " 12 defect 4: a 10 MiB body",
+    "at commit" + " 5dc39b3, noise 2 %",
+]
+PROSE = [
+    "The gateway stops accepting connections on SIGTERM.",
+    "A client that stops reading is cut.",
+    "the bus st" + "op's shelter",  # a possessive that is not about work stops
+    "The first run downloads the engines; later runs reuse the cache.",
+    "finish_reason: stop",
+    "Each run writes a record; compare two runs with compare.py.",
+    "vllm-project/vllm#1234 tracks the upstream bug.",
+    "Commit your changes, then run the tests.",
+]
+
+
+@pytest.mark.parametrize("text", DIARY)
+def test_a_diary_phrase_fails_the_docs_lint(text: str) -> None:
+    assert list(lint_docs.hits(text)), text
+
+
+@pytest.mark.parametrize("text", PROSE)
+def test_ordinary_prose_passes_the_docs_lint(text: str) -> None:
+    assert not list(lint_docs.hits(text)), text
+
+
+def test_the_docs_lint_reports_a_planted_phrase_with_its_place(tmp_path: Path) -> None:
+    doc = tmp_path / "doc.md"
+    doc.write_text("# Title\n\nFine prose.\nFigures of this st" + "op.\n", encoding="utf-8")
+    found = lint_docs.check([doc], root=tmp_path)
+    assert found == ["doc.md:4: work-stop: 'this st" + "op'"]
+
+
+def test_the_repository_has_no_diary_phrases() -> None:
+    found = lint_docs.check(lint_docs.files())
+    assert not found, "\n".join(found)

@@ -1,5 +1,5 @@
 """Error rendering: every Retry-After the gateway sends is a sane whole number of seconds, whatever
-a backend sent (issue 12, defect 10)."""
+a backend sent (docs/reliability.md defect 10)."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def test_no_retry_after_header_without_a_value() -> None:
     ],
 )
 def test_credentials_in_any_error_message_are_redacted(text: str, secret: str) -> None:
-    """Issue 12 defect 9: an engine's error text quoting its credentials is relayed scrubbed."""
+    """docs/reliability.md defect 9: an engine's error text quoting its credentials is relayed scrubbed."""
     err = GatewayError(text)
     assert secret not in err.message and secret not in str(err) and "[redacted]" in err.message
 

@@ -110,7 +110,7 @@ AMPLIFIER = b'{"model":"m","messages":[{"role":"user","content":"hi"}],"x":[' + 
 
 
 def test_json_amplification_is_refused_before_parsing() -> None:
-    """Issue 12 defect 4: 3.4 million `{}` in an ignored field of a 10 MiB body cost ~500 MB to parse."""
+    """docs/reliability.md defect 4: 3.4 million `{}` in an ignored field of a 10 MiB body cost ~500 MB to parse."""
     assert len(AMPLIFIER) < 10 * 1024 * 1024
     tracemalloc.start()
     try:
