@@ -105,6 +105,10 @@ def fold_system_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]
     head = 0
     while head < len(messages) and messages[head]["role"] == "system":
         head += 1
+    if head > 1:  # several at the head (Codex's developer messages): one, as templates want
+        joined = "\n\n".join(_text_of(m.get("content")) for m in messages[:head])
+        messages = [{"role": "system", "content": joined}, *messages[head:]]
+        head = 1
     if all(m["role"] != "system" for m in messages[head:]):
         return messages
     out = messages[:head]

@@ -15,11 +15,12 @@ from gateway.config import LimitsConfig
 from gateway.errors import GatewayError, InvalidRequest
 from gateway.pipeline.edits import NO_EDITS, Edits, apply_edits, needs_encoding
 from gateway.protocols.base import Api, Inbound, SseObserver, StreamTransform, Target
+from gateway.protocols.dropped import Dropped
 from gateway.protocols.inbound import STEERING_FIELDS, check_model, decode_json, positive_int
 from gateway.protocols.native_observers import NativeObserver
 from gateway.protocols.response_store import find_response_id
 from gateway.protocols.responses_stream import ResponsesStream
-from gateway.protocols.responses_translate import chat_to_response, encode, responses_to_chat
+from gateway.protocols.responses_translate import chat_to_response, encode, responses_to_chat, tool_names
 from gateway.protocols.sse import StreamObserver
 
 _NATIVE = Target("/v1/responses")
@@ -52,9 +53,10 @@ class ResponsesProtocol:
             raise InvalidRequest("'tools' must be an array.", param="tools", code="invalid_type")
         pin = body.get("previous_response_id")
         translated: dict[str, Any] | None = None
+        dropped = Dropped()
         if pin is None:
             try:
-                translated = responses_to_chat(body)
+                translated = responses_to_chat(body, dropped)
             except InvalidRequest:
                 translated = None  # a native engine may still take it; target() refuses it elsewhere
         return Inbound(
@@ -69,9 +71,10 @@ class ResponsesProtocol:
             n=1,
             messages=None,  # input items are not chat messages: truncate_oldest does not apply
             has_tools=bool(tools),
-            user=body.get("user"),
+            user=_session(body),
             stripped=tuple(name for name in STEERING_FIELDS if name in body),
             translated=translated,
+            dropped=tuple(dropped.names),
             pin=pin,
         )
 
@@ -113,12 +116,15 @@ class ResponsesProtocol:
         return StreamObserver(strip_usage=False, whole_events=True)
 
     def stream_transform(self, inbound: Inbound, target: Target) -> StreamTransform | None:
-        return None if target.native else ResponsesStream(inbound.body, created_at=int(time.time()))
+        if target.native:
+            return None
+        return ResponsesStream(inbound.body, created_at=int(time.time()), names=tool_names(inbound.body))
 
     def response_body(self, inbound: Inbound, raw: bytes, parsed: Any, target: Target) -> bytes:
         if target.native:
             return raw
-        return encode(chat_to_response(parsed, inbound.body, created_at=int(time.time())))
+        names = tool_names(inbound.body)
+        return encode(chat_to_response(parsed, inbound.body, created_at=int(time.time()), names=names))
 
     def answer_id(self, data: bytes) -> str | None:
         return find_response_id(data)
@@ -150,3 +156,12 @@ def _int(value: Any) -> int:
 
 
 RESPONSES = ResponsesProtocol()
+
+
+def _session(body: Mapping[str, Any]) -> str | None:
+    """The body's session key: Codex's prompt_cache_key (its thread id), else user, else safety_identifier."""
+    for name in ("prompt_cache_key", "user", "safety_identifier"):
+        value = body.get(name)
+        if isinstance(value, str) and value:
+            return value
+    return None

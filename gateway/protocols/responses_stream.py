@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from gateway.protocols.frames import DataFrames, decode_event, encode_event, is_done
+from gateway.protocols.responses_tools import ToolNames, call_item
 from gateway.protocols.responses_translate import (
     finish_status,
-    function_call_item,
     message_item,
     new_id,
     reasoning_item,
@@ -24,10 +24,19 @@ from gateway.protocols.responses_translate import (
 
 
 class _Item:
-    __slots__ = ("call_id", "id", "kind", "name", "output_index", "text")
+    __slots__ = ("call_id", "id", "kind", "name", "names", "output_index", "text")
 
-    def __init__(self, kind: str, item_id: str, output_index: int, call_id: str = "", name: str = "") -> None:
+    def __init__(
+        self,
+        kind: str,
+        item_id: str,
+        output_index: int,
+        call_id: str = "",
+        name: str = "",
+        names: ToolNames | None = None,
+    ) -> None:
         self.kind = kind
+        self.names = names
         self.id = item_id
         self.output_index = output_index
         self.text = ""  # message text, reasoning text or function arguments
@@ -39,22 +48,37 @@ class _Item:
             return message_item(self.id, self.text)
         if self.kind == "reasoning":
             return reasoning_item(self.id, self.text)
-        return function_call_item(self.id, self.call_id, self.name, self.text)
+        return call_item(self.names, self.id, self.call_id, self.name, self.text)
+
+    def added(self) -> dict[str, Any]:
+        return call_item(self.names, self.id, self.call_id, self.name, "", status="in_progress")
+
+    @property
+    def custom(self) -> bool:
+        return self.names is not None and self.names.restore(self.name)[2]
 
 
 class ResponsesStream:
     """Feed it the upstream's raw bytes; it returns Responses SSE bytes. ``finish()`` when the
     upstream ends closes a stream that lacked [DONE], or fails it if no finish_reason came."""
 
-    def __init__(self, request: Mapping[str, Any], *, created_at: int, response_id: str | None = None) -> None:
+    def __init__(
+        self,
+        request: Mapping[str, Any],
+        *,
+        created_at: int,
+        response_id: str | None = None,
+        names: ToolNames | None = None,
+    ) -> None:
         self._frames = DataFrames()
+        self._names = names
         self._request = request
         self._created_at = created_at
         self.response_id = response_id or new_id("resp")
         self._seq = 0
         self._started = False
         self._ended = False
-        self._model: Any = None
+        self._model: Any = request.get("model")  # the client's name for it, not the engine's
         self._items: list[_Item] = []
         self._open: _Item | None = None
         self._calls: dict[int, _Item] = {}
@@ -107,7 +131,6 @@ class ResponsesStream:
         out = b""
         if not self._started:
             self._started = True
-            self._model = event.get("model")
             out += self._emit("response.created", {"response": self._response("in_progress")})
             out += self._emit("response.in_progress", {"response": self._response("in_progress")})
         if "error" in event and "choices" not in event:
@@ -172,13 +195,15 @@ class ResponsesStream:
         item = self._calls.get(position)
         if item is None:
             call_id = str(call.get("id") or new_id("call"))
-            item = _Item("function_call", new_id("fc"), len(self._items), call_id, str(function.get("name") or ""))
+            name = str(function.get("name") or "")
+            item = _Item("function_call", new_id("fc"), len(self._items), call_id, name, self._names)
             self._calls[position] = item
-            added = function_call_item(item.id, item.call_id, item.name, "", status="in_progress")
-            out += self._start_item(item, added)
+            out += self._start_item(item, item.added())
         arguments = function.get("arguments")
         if isinstance(arguments, str) and arguments:
             item.text += arguments
+            if item.custom:  # its input is a string inside the JSON arguments: whole in output_item.done
+                return out
             fields = {"item_id": item.id, "output_index": item.output_index, "delta": arguments}
             out += self._emit("response.function_call_arguments.delta", fields)
         return out
@@ -198,8 +223,17 @@ class ResponsesStream:
             out += self._emit("response.content_part.done", {**self._where(item), "part": part})
         elif item.kind == "reasoning":
             out += self._emit("response.reasoning_text.done", {**self._where(item), "text": item.text})
+        elif item.custom:
+            fields = {"item_id": item.id, "output_index": item.output_index, "input": item.done()["input"]}
+            out += self._emit("response.custom_tool_call_input.done", fields)
         else:
-            fields = {"item_id": item.id, "output_index": item.output_index, "arguments": item.text, "name": item.name}
+            done = item.done()
+            fields = {
+                "item_id": item.id,
+                "output_index": item.output_index,
+                "arguments": item.text,
+                "name": done["name"],
+            }
             out += self._emit("response.function_call_arguments.done", fields)
         return out + self._emit("response.output_item.done", {"output_index": item.output_index, "item": item.done()})
 

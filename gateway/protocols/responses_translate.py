@@ -12,23 +12,44 @@ from collections.abc import Mapping
 from typing import Any
 
 from gateway.errors import InvalidRequest
+from gateway.protocols.dropped import Dropped
+from gateway.protocols.messages_translate import fold_system_messages
+from gateway.protocols.responses_tools import ToolNames, call_item, chat_tool_choice, chat_tools
 
-_PASSED = ("temperature", "top_p", "parallel_tool_calls", "user")
-_TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
+_PASSED = ("temperature", "top_p", "parallel_tool_calls")
+_TEXT_PARTS = ("input_text", "output_text", "text", "refusal", "summary_text", "reasoning_text")
+# Top-level fields with no chat equivalent, named in x-gateway-dropped when set. Not named: `store`
+# false, `prompt_cache_key` and `client_metadata` (read for routing, and a translated request keeps
+# nothing anyway), `service_tier`, `user` and `safety_identifier` (session keys).
+_DROPPED_FIELDS = ("reasoning", "truncation", "background", "conversation", "max_tool_calls", "top_logprobs", "prompt")
 
 
 def new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(12)}"
 
 
-def responses_to_chat(body: Mapping[str, Any]) -> dict[str, Any]:
-    """A Responses request body as a chat completions request body."""
+def tool_names(body: Mapping[str, Any]) -> ToolNames:
+    """The chat names of a request's tools, as responses_to_chat gave them (for its answer)."""
+    names = ToolNames()
+    chat_tools(body.get("tools"), names, Dropped())
+    return names
+
+
+def responses_to_chat(
+    body: Mapping[str, Any], dropped: Dropped | None = None, names: ToolNames | None = None
+) -> dict[str, Any]:
+    """A Responses request body as a chat completions request body. What chat cannot express is left
+    out and named in `dropped`; only a request that needs the backend's stored state, or has no input
+    at all, is refused."""
+    lost = dropped if dropped is not None else Dropped()
+    tools = names if names is not None else ToolNames()
     if body.get("previous_response_id") is not None:
         raise InvalidRequest(
             "previous_response_id: this backend keeps no response state; send the whole conversation in input.",
             param="previous_response_id",
             code="previous_response_not_supported",
         )
+    chat_tool_list = chat_tools(body.get("tools"), tools, lost) if body.get("tools") is not None else None
     messages: list[dict[str, Any]] = []
     instructions = body.get("instructions")
     if isinstance(instructions, str) and instructions:
@@ -39,108 +60,150 @@ def responses_to_chat(body: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(raw, str):
         messages.append({"role": "user", "content": raw})
     elif isinstance(raw, list) and raw:
+        history = _History(messages, tools, lost)
         for i, item in enumerate(raw):
-            _convert_item(item, f"input.{i}", messages)
+            history.add(item, f"input.{i}")
+        history.end()
     else:
         raise InvalidRequest("input: must be a string or a non-empty array of items.", param="input")
-    chat: dict[str, Any] = {"model": body.get("model"), "messages": messages}
+    chat: dict[str, Any] = {"model": body.get("model"), "messages": fold_system_messages(messages)}
     if body.get("max_output_tokens") is not None:
         chat["max_tokens"] = body["max_output_tokens"]
     for key in _PASSED:
         if body.get(key) is not None:
             chat[key] = body[key]
+    if isinstance(body.get("user"), str):
+        chat["user"] = body["user"]
     if body.get("stream") is True:
         chat["stream"] = True
         chat["stream_options"] = {"include_usage": True}
-    if body.get("tools") is not None:
-        chat["tools"] = _convert_tools(body["tools"])
-    if body.get("tool_choice") is not None:
-        chat["tool_choice"] = _convert_tool_choice(body["tool_choice"])
-    response_format = _response_format(body.get("text"))
+    if chat_tool_list:
+        chat["tools"] = chat_tool_list
+        if body.get("tool_choice") is not None:
+            chat["tool_choice"] = chat_tool_choice(body["tool_choice"], tools)
+    elif not chat_tool_list:
+        chat.pop("parallel_tool_calls", None)
+    response_format = _response_format(body.get("text"), lost)
     if response_format is not None:
         chat["response_format"] = response_format
+    for name in _DROPPED_FIELDS:
+        if body.get(name) is not None:
+            lost.add(name)
+    include = body.get("include")
+    if isinstance(include, list):
+        for name in include:
+            if isinstance(name, str):
+                lost.add(name)
+    if body.get("store") is True:
+        lost.add("store")
     return chat
 
 
-def _convert_item(item: Any, where: str, out: list[dict[str, Any]]) -> None:
-    if not isinstance(item, dict):
-        raise InvalidRequest(f"{where}: must be an object.", param=where)
-    kind = item.get("type", "message")
-    if kind == "message":
+class _History:
+    """Responses input items as chat messages: calls join the assistant turn before them, a reasoning
+    item's text goes with the assistant turn after it."""
+
+    __slots__ = ("lost", "names", "out", "reasoning")
+
+    def __init__(self, out: list[dict[str, Any]], names: ToolNames, lost: Dropped) -> None:
+        self.out = out
+        self.names = names
+        self.lost = lost
+        self.reasoning: list[str] = []
+
+    def add(self, item: Any, where: str) -> None:
+        if not isinstance(item, dict):
+            raise InvalidRequest(f"{where}: must be an object.", param=where)
+        kind = item.get("type", "message")
+        if kind == "message":
+            self._message(item, where)
+        elif kind in ("function_call", "custom_tool_call"):
+            self._call(item, kind, where)
+        elif kind in ("function_call_output", "custom_tool_call_output"):
+            output = item.get("output")
+            text = output if isinstance(output, str) else self._text(output)
+            self.out.append({"role": "tool", "tool_call_id": str(item.get("call_id") or ""), "content": text})
+        elif kind == "reasoning":
+            texts = self._reasoning_text(item)
+            if texts:
+                self.reasoning.append(texts)
+            if item.get("encrypted_content"):
+                self.lost.add("reasoning.encrypted_content")
+        else:  # compaction, item_reference, web_search_call, hosted tools' calls, ...
+            self.lost.add(str(kind))
+
+    def end(self) -> None:
+        self.reasoning = []  # reasoning with no answer after it: nothing to attach it to
+
+    def _message(self, item: Mapping[str, Any], where: str) -> None:
         role = item.get("role")
         if role not in ("user", "assistant", "system", "developer"):
             raise InvalidRequest(f"{where}.role: must be user, assistant, system or developer.", param=f"{where}.role")
-        out.append({"role": "system" if role == "developer" else role, "content": _content(item.get("content"), where)})
-    elif kind == "function_call":
+        message: dict[str, Any] = {"role": "system" if role == "developer" else role, "content": self._content(item)}
+        if role == "assistant" and self.reasoning:
+            message["reasoning"] = "".join(self.reasoning)
+            self.reasoning = []
+        self.out.append(message)
+
+    def _call(self, item: Mapping[str, Any], kind: str, where: str) -> None:
         if not isinstance(item.get("name"), str) or not isinstance(item.get("call_id"), str):
-            raise InvalidRequest(f"{where}: a function_call needs a string call_id and name.", param=where)
-        arguments = item.get("arguments")
-        call = {
-            "id": item["call_id"],
-            "type": "function",
-            "function": {"name": item["name"], "arguments": arguments if isinstance(arguments, str) else "{}"},
-        }
-        last = out[-1] if out else None
+            raise InvalidRequest(f"{where}: a {kind} needs a string call_id and name.", param=where)
+        namespace = item.get("namespace")
+        flat = self.names.name_for(namespace if isinstance(namespace, str) else "", item["name"])
+        if kind == "custom_tool_call":
+            given = item.get("input")
+            arguments = json.dumps({"input": given if isinstance(given, str) else ""})
+        else:
+            given = item.get("arguments")
+            arguments = given if isinstance(given, str) else "{}"
+        call = {"id": item["call_id"], "type": "function", "function": {"name": flat, "arguments": arguments}}
+        last = self.out[-1] if self.out else None
         if last is not None and last["role"] == "assistant" and not isinstance(last.get("content"), list):
             last.setdefault("tool_calls", []).append(call)  # parallel calls share one assistant turn
         else:
-            out.append({"role": "assistant", "content": None, "tool_calls": [call]})
-    elif kind == "function_call_output":
-        output = item.get("output")
-        text = output if isinstance(output, str) else _content(output, where)
-        out.append({"role": "tool", "tool_call_id": str(item.get("call_id") or ""), "content": text})
-    elif kind == "reasoning":
-        pass  # another model's reasoning means nothing to this one
-    else:
-        raise InvalidRequest(f"{where}.type: unsupported input item type {kind!r}.", param=f"{where}.type")
+            message: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": [call]}
+            if self.reasoning:
+                message["reasoning"] = "".join(self.reasoning)
+                self.reasoning = []
+            self.out.append(message)
+
+    def _reasoning_text(self, item: Mapping[str, Any]) -> str:
+        parts = item.get("content") or item.get("summary") or []
+        return self._text(parts) if isinstance(parts, list) else ""
+
+    def _content(self, item: Mapping[str, Any]) -> Any:
+        content = item.get("content")
+        if isinstance(content, str):
+            return content
+        if not isinstance(content, list):
+            return ""
+        parts: list[dict[str, Any]] = []
+        for part in content:
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind in _TEXT_PARTS and isinstance(part.get("text", part.get("refusal")), str):
+                parts.append({"type": "text", "text": part.get("text", part.get("refusal"))})
+            elif kind == "input_image" and isinstance(part.get("image_url"), str):
+                parts.append({"type": "image_url", "image_url": {"url": part["image_url"]}})
+            else:
+                self.lost.add(str(kind) if isinstance(kind, str) else "content_part")
+        if all(p["type"] == "text" for p in parts):
+            return "".join(p["text"] for p in parts)
+        return parts
+
+    def _text(self, parts: Any) -> str:
+        """The text of an output given as parts (a function_call_output's array, reasoning's summary)."""
+        if not isinstance(parts, list):
+            return ""
+        texts = []
+        for part in parts:
+            if isinstance(part, dict) and isinstance(part.get("text"), str):
+                texts.append(part["text"])
+            elif isinstance(part, dict):
+                self.lost.add(str(part.get("type") or "content_part"))
+        return "\n".join(texts)
 
 
-def _content(content: Any, where: str) -> Any:
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise InvalidRequest(f"{where}.content: must be a string or an array of parts.", param=f"{where}.content")
-    parts: list[dict[str, Any]] = []
-    for j, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind in _TEXT_PARTS and isinstance(part.get("text", part.get("refusal")), str):
-            parts.append({"type": "text", "text": part.get("text", part.get("refusal"))})
-        elif kind == "input_image" and isinstance(part.get("image_url"), str):
-            parts.append({"type": "image_url", "image_url": {"url": part["image_url"]}})
-        else:
-            raise InvalidRequest(f"{where}.content.{j}: unsupported content part {kind!r}.", param=f"{where}.content")
-    if all(p["type"] == "text" for p in parts):
-        return "".join(p["text"] for p in parts)
-    return parts
-
-
-def _convert_tools(tools: Any) -> list[dict[str, Any]]:
-    if not isinstance(tools, list):
-        raise InvalidRequest("tools: must be an array.", param="tools")
-    out = []
-    for i, tool in enumerate(tools):
-        if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("name"), str):
-            kind = tool.get("type") if isinstance(tool, dict) else None
-            raise InvalidRequest(
-                f"tools.{i}: only function tools are available here, not {kind!r}.", param=f"tools.{i}"
-            )
-        function: dict[str, Any] = {"name": tool["name"], "parameters": tool.get("parameters") or {"type": "object"}}
-        for key in ("description", "strict"):
-            if tool.get(key) is not None:
-                function[key] = tool[key]
-        out.append({"type": "function", "function": function})
-    return out
-
-
-def _convert_tool_choice(choice: Any) -> Any:
-    if choice in ("auto", "none", "required"):
-        return choice
-    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
-        return {"type": "function", "function": {"name": choice["name"]}}
-    raise InvalidRequest("tool_choice: must be auto, none, required or a function by name.", param="tool_choice")
-
-
-def _response_format(text: Any) -> dict[str, Any] | None:
+def _response_format(text: Any, lost: Dropped) -> dict[str, Any] | None:
     fmt = text.get("format") if isinstance(text, dict) else None
     if not isinstance(fmt, dict) or fmt.get("type") in (None, "text"):
         return None
@@ -149,7 +212,8 @@ def _response_format(text: Any) -> dict[str, Any] | None:
     if fmt["type"] == "json_schema":
         schema = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
         return {"type": "json_schema", "json_schema": schema}
-    raise InvalidRequest("text.format: must be text, json_object or json_schema.", param="text.format")
+    lost.add("text.format")
+    return None
 
 
 def usage_to_responses(usage: Any) -> dict[str, Any]:
@@ -244,8 +308,11 @@ def finish_status(finish_reason: Any) -> tuple[str, str | None]:
     return "completed", None
 
 
-def chat_to_response(chat: Mapping[str, Any], request: Mapping[str, Any], *, created_at: int) -> dict[str, Any]:
-    """A chat completion (non-stream) as a Responses object."""
+def chat_to_response(
+    chat: Mapping[str, Any], request: Mapping[str, Any], *, created_at: int, names: ToolNames | None = None
+) -> dict[str, Any]:
+    """A chat completion (non-stream) as a Responses object, named as the client named things: its
+    model, its tools (namespaces and custom tools restored)."""
     choices = chat.get("choices")
     choice: Mapping[str, Any] = (
         choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
@@ -266,9 +333,8 @@ def chat_to_response(chat: Mapping[str, Any], request: Mapping[str, Any], *, cre
             arguments = function.get("arguments")
             call_id = str(call.get("id") or new_id("call"))
             name = str(function.get("name") or "")
-            output.append(
-                function_call_item(new_id("fc"), call_id, name, arguments if isinstance(arguments, str) else "{}")
-            )
+            text = arguments if isinstance(arguments, str) else "{}"
+            output.append(call_item(names, new_id("fc"), call_id, name, text))
     status, reason = finish_status(choice.get("finish_reason"))
     return response_object(
         request,
@@ -277,7 +343,6 @@ def chat_to_response(chat: Mapping[str, Any], request: Mapping[str, Any], *, cre
         status=status,
         output=output,
         usage=usage_to_responses(chat.get("usage")),
-        model=chat.get("model"),
         incomplete_reason=reason,
     )
 

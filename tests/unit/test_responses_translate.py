@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from gateway.errors import InvalidRequest
+from gateway.protocols.dropped import Dropped
 from gateway.protocols.responses_stream import ResponsesStream
-from gateway.protocols.responses_translate import chat_to_response, response_text, responses_to_chat
+from gateway.protocols.responses_translate import chat_to_response, response_text, responses_to_chat, tool_names
 from tests.unit.protocol_fixtures import (
     ENGINES,
     events,
@@ -171,7 +172,7 @@ def test_instructions_items_and_function_call_outputs() -> None:
     }
 
 
-def test_parallel_function_calls_share_one_assistant_turn_and_developer_is_system() -> None:
+def test_parallel_function_calls_share_one_assistant_turn_and_developer_joins_the_system_turn() -> None:
     body = {
         "model": "m",
         "instructions": "Be brief.",
@@ -186,14 +187,17 @@ def test_parallel_function_calls_share_one_assistant_turn_and_developer_is_syste
                 "content": [{"type": "input_text", "text": "Hi"}, {"type": "input_image", "image_url": "data:x"}],
             },
         ],
+        "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}],
         "tool_choice": {"type": "function", "name": "f"},
         "text": {"format": {"type": "json_schema", "name": "s", "schema": {"type": "object"}, "strict": True}},
         "stream": True,
     }
     chat = responses_to_chat(body)
-    assert [m["role"] for m in chat["messages"]] == ["system", "system", "assistant", "tool", "user"]
-    assert [c["id"] for c in chat["messages"][2]["tool_calls"]] == ["a", "b"]
-    assert chat["messages"][4]["content"][1] == {"type": "image_url", "image_url": {"url": "data:x"}}
+    # One system turn at the head: many chat templates refuse a second one.
+    assert [m["role"] for m in chat["messages"]] == ["system", "assistant", "tool", "user"]
+    assert chat["messages"][0]["content"] == "Be brief.\n\nRules."
+    assert [c["id"] for c in chat["messages"][1]["tool_calls"]] == ["a", "b"]
+    assert chat["messages"][3]["content"][1] == {"type": "image_url", "image_url": {"url": "data:x"}}
     assert chat["tool_choice"] == {"type": "function", "function": {"name": "f"}}
     assert chat["response_format"] == {
         "type": "json_schema",
@@ -208,18 +212,188 @@ def test_parallel_function_calls_share_one_assistant_turn_and_developer_is_syste
         {"input": []},
         {"input": 3},
         {"input": "x", "previous_response_id": "resp_1"},
-        {"input": [{"type": "item_reference", "id": "x"}]},
         {"input": [{"role": "tool", "content": "x"}]},
-        {"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]},
-        {"input": "x", "tools": [{"type": "web_search"}]},
-        {"input": "x", "tool_choice": {"type": "file_search"}},
-        {"input": "x", "text": {"format": {"type": "grammar"}}},
         {"input": "x", "instructions": ["x"]},
     ],
 )
-def test_malformed_or_unsupported_requests_are_invalid_requests(body: dict[str, Any]) -> None:
+def test_a_request_that_cannot_be_served_at_all_is_an_invalid_request(body: dict[str, Any]) -> None:
     with pytest.raises(InvalidRequest):
         responses_to_chat({"model": "m", **body})
+
+
+@pytest.mark.parametrize(
+    ("body", "dropped"),
+    [
+        ({"input": [{"type": "item_reference", "id": "x"}, {"role": "user", "content": "x"}]}, ["item_reference"]),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_text", "text": "x"}, {"type": "input_file"}]}]},
+            ["input_file"],
+        ),
+        ({"input": "x", "tools": [{"type": "web_search"}]}, ["web_search"]),
+        ({"input": "x", "tool_choice": {"type": "file_search"}}, []),
+        ({"input": "x", "text": {"format": {"type": "grammar"}}}, ["text.format"]),
+        (
+            {"input": "x", "reasoning": {"summary": "auto"}, "include": ["reasoning.encrypted_content"]},
+            ["reasoning", "reasoning.encrypted_content"],
+        ),
+        ({"input": "x", "store": False, "prompt_cache_key": "k", "client_metadata": {"a": "b"}}, []),
+        (
+            {"input": [{"type": "compaction", "encrypted_content": "e"}, {"role": "user", "content": "x"}]},
+            ["compaction"],
+        ),
+    ],
+)
+def test_what_chat_cannot_express_is_dropped_and_named(body: dict[str, Any], dropped: list[str]) -> None:
+    lost = Dropped()
+    chat = responses_to_chat({"model": "m", **body}, lost)
+    assert lost.names == dropped
+    assert chat["messages"][-1] == {"role": "user", "content": "x"}
+    assert set(chat) <= {"model", "messages", "tools", "tool_choice", "response_format"}
+
+
+CODEX_TOOLS: list[dict[str, Any]] = [
+    {"type": "function", "name": "exec_command", "parameters": {"type": "object"}, "strict": False},
+    {
+        "type": "namespace",
+        "name": "multi_agent_v1",
+        "description": "Sub-agents.",
+        "tools": [{"type": "function", "name": "close_agent", "parameters": {"type": "object"}}],
+    },
+    {
+        "type": "custom",
+        "name": "apply_patch",
+        "description": "Patch files.",
+        "format": {"type": "grammar", "syntax": "lark", "definition": "start: x"},
+    },
+    {"type": "web_search", "external_web_access": False},
+]
+
+
+def test_namespace_and_custom_tools_become_functions_and_come_back_by_their_own_names() -> None:
+    body: dict[str, Any] = {
+        "model": "gpt-5.2-codex",
+        "instructions": None,
+        "tools": CODEX_TOOLS,
+        "tool_choice": "auto",
+        "input": [
+            {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Rules."}]},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "go"}]},
+            {"type": "reasoning", "summary": [{"type": "summary_text", "text": "thought"}], "encrypted_content": "e"},
+            {
+                "type": "function_call",
+                "call_id": "c1",
+                "name": "close_agent",
+                "namespace": "multi_agent_v1",
+                "arguments": "{}",
+            },
+            {"type": "function_call_output", "call_id": "c1", "output": [{"type": "input_text", "text": "closed"}]},
+            {"type": "custom_tool_call", "call_id": "c2", "name": "apply_patch", "input": "*** Begin Patch"},
+            {"type": "custom_tool_call_output", "call_id": "c2", "output": "done"},
+        ],
+    }
+    lost = Dropped()
+    chat = responses_to_chat(body, lost)
+    names = [t["function"]["name"] for t in chat["tools"]]
+    assert names == ["exec_command", "multi_agent_v1__close_agent", "apply_patch"]
+    assert chat["tools"][2]["function"]["parameters"]["required"] == ["input"]
+    assert "start: x" in chat["tools"][2]["function"]["description"]
+    assert lost.names == ["web_search", "reasoning.encrypted_content"]
+    roles = [m["role"] for m in chat["messages"]]
+    assert roles == ["system", "user", "assistant", "tool", "assistant", "tool"]
+    assert chat["messages"][2]["reasoning"] == "thought"
+    assert chat["messages"][2]["tool_calls"][0]["function"]["name"] == "multi_agent_v1__close_agent"
+    assert chat["messages"][3]["content"] == "closed"
+    assert json.loads(chat["messages"][4]["tool_calls"][0]["function"]["arguments"]) == {"input": "*** Begin Patch"}
+
+    answer = {
+        "model": "tiny",
+        "choices": [
+            {
+                "message": {
+                    "role": "assistant",
+                    "tool_calls": [
+                        {"id": "k1", "function": {"name": "multi_agent_v1__close_agent", "arguments": "{}"}},
+                        {"id": "k2", "function": {"name": "apply_patch", "arguments": '{"input": "*** End Patch"}'}},
+                    ],
+                },
+                "finish_reason": "tool_calls",
+            }
+        ],
+    }
+    response = chat_to_response(answer, body, created_at=1, names=tool_names(body))
+    assert response["model"] == "gpt-5.2-codex", "the client's name, not the engine's"
+    first, second = response["output"]
+    assert (first["type"], first["name"], first["namespace"]) == ("function_call", "close_agent", "multi_agent_v1")
+    assert (second["type"], second["name"], second["input"]) == ("custom_tool_call", "apply_patch", "*** End Patch")
+
+
+def test_the_stream_restores_namespaces_and_custom_tool_calls() -> None:
+    body: dict[str, Any] = {"model": "client-name", "tools": CODEX_TOOLS, "input": "go", "stream": True}
+    stream = ResponsesStream(body, created_at=1, names=tool_names(body))
+    chunks = [
+        {
+            "model": "tiny",
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {
+                        "tool_calls": [
+                            {
+                                "index": 0,
+                                "id": "k1",
+                                "function": {"name": "multi_agent_v1__close_agent", "arguments": "{}"},
+                            }
+                        ]
+                    },
+                }
+            ],
+        },
+        {
+            "model": "tiny",
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {
+                        "tool_calls": [
+                            {"index": 1, "id": "k2", "function": {"name": "apply_patch", "arguments": '{"input": '}}
+                        ]
+                    },
+                }
+            ],
+        },
+        {
+            "model": "tiny",
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {"tool_calls": [{"index": 1, "function": {"arguments": '"patch"}'}}]},
+                    "finish_reason": "tool_calls",
+                }
+            ],
+        },
+    ]
+    raw = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
+    events = [
+        json.loads(line[6:])
+        for line in (stream.feed(raw) + stream.finish()).decode().splitlines()
+        if line.startswith("data: ")
+    ]
+    done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
+    assert done[0]["namespace"] == "multi_agent_v1" and done[0]["name"] == "close_agent"
+    assert done[1] == {
+        "type": "custom_tool_call",
+        "id": done[1]["id"],
+        "call_id": "k2",
+        "name": "apply_patch",
+        "input": "patch",
+        "status": "completed",
+    }
+    assert not any(
+        e["type"] == "response.function_call_arguments.delta" and e["item_id"] == done[1]["id"] for e in events
+    )
+    completed = events[-1]["response"]
+    assert completed["model"] == "client-name"
+    assert [i["type"] for i in completed["output"]] == ["function_call", "custom_tool_call"]
 
 
 def test_reasoning_streams_as_a_reasoning_item_before_the_message() -> None:
