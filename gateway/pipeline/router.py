@@ -16,7 +16,14 @@ from gateway.fleet.registry import Backend, Registry
 from gateway.metrics import GatewayMetrics
 from gateway.policy.balancer import BalanceKey, Balancer, make_balancer
 from gateway.policy.models import ModelNames, Resolved, choose_pool, upstream_model
-from gateway.policy.prefix import PrefixTracker, canonical_prompt, conversation_anchor, fingerprint
+from gateway.policy.prefix import (
+    PrefixTracker,
+    canonical_prompt,
+    conversation_anchor,
+    fingerprint,
+    session_anchor,
+    session_key,
+)
 from gateway.policy.rules import Platform, RequestFacts
 from gateway.protocols.base import Inbound
 from gateway.value import value
@@ -138,14 +145,17 @@ class Router:
         if decision is None:
             return Plan(pool=route.pools[0], rule="none", backends=[], facts=facts, fingerprint=fp, model=name)
         self._metrics.child(self._metrics.route_decisions, route.label, decision.pool, decision.rule).inc()
-        session = headers.get(self._config.pools[decision.pool].session_header.lower()) or inbound.user
+        session = session_key(headers, self._config.pools[decision.pool].session_header.lower(), inbound.user)
         anchor = None
         if fp and view and decision.pool in self._anchored:
             anchor = conversation_anchor(view, self._config.routing.shared_prefix.block_chars)
+        anchor_key = anchor.key if anchor else None
+        if anchor is not None and session is not None:
+            anchor_key = session_anchor(session)  # an agent's session first, its first message after
         key = BalanceKey(
             fingerprint=fp,
             session=session,
-            anchor=anchor.key if anchor else None,
+            anchor=anchor_key,
             anchor_block=anchor.block if anchor else 0,
         )
         only = healthy.get(decision.pool)

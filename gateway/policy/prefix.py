@@ -246,3 +246,28 @@ class PrefixTracker:
             if entry.touched >= cutoff:
                 break
             del table[key]
+
+
+AGENT_SESSION_HEADERS = ("x-claude-code-session-id", "session-id", "thread-id", "session_id", "conversation_id")
+"""The headers coding agents put their session in, in the order they are read: Claude Code's, then
+Codex CLI's (current releases send session-id and thread-id; older ones session_id and conversation_id)."""
+
+
+def session_key(headers: Mapping[str, str], configured: str, body_key: str | None) -> str | None:
+    """A request's session: the pool's configured header, then an agent's session header, then the
+    body's key (prompt_cache_key, metadata.user_id's session, user, safety_identifier)."""
+    value = headers.get(configured)
+    if value:
+        return value
+    for name in AGENT_SESSION_HEADERS:
+        value = headers.get(name)
+        if value:
+            return value
+    return body_key
+
+
+def session_anchor(session: str) -> int:
+    """An anchor key from a session: one agent's turns, and its subagents that share the session,
+    stay together whatever their first message says."""
+    digest = blake2b(session.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int(struct.unpack(">Q", digest)[0])

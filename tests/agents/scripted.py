@@ -55,6 +55,8 @@ SAVED_HEADERS = (
     "x-stainless-package-version",
     "x-stainless-runtime",
 )
+READY_PATH = "/__recorder/ready"
+"""Answered by the proxy itself, unrecorded: how a test knows it listens."""
 _HOP = frozenset({"host", "content-length", "connection", "transfer-encoding", "accept-encoding"})
 
 
@@ -164,7 +166,10 @@ def messages_answer(call: ScriptedCall, model: str, stream: bool) -> tuple[bytes
     start = {**message, "content": [], "stop_reason": None, "usage": {"input_tokens": 10, "output_tokens": 0}}
     events = [
         _sse("message_start", {"type": "message_start", "message": start}),
-        _sse("content_block_start", {"type": "content_block_start", "index": 0, "content_block": {**block, "input": {}}}),
+        _sse(
+            "content_block_start",
+            {"type": "content_block_start", "index": 0, "content_block": {**block, "input": {}}},
+        ),
         _sse(
             "content_block_delta",
             {
@@ -273,6 +278,8 @@ def build_app(recorder: Recorder) -> Starlette:
     client = httpx.AsyncClient(base_url=recorder.upstream, timeout=httpx.Timeout(600.0, connect=10.0))
 
     async def forward(request: Request) -> Response:
+        if request.url.path == READY_PATH:
+            return Response(b"ok")
         raw = await request.body()
         try:
             body: Any = json.loads(raw) if raw else None

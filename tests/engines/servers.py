@@ -320,15 +320,19 @@ def start_llamacpp(
     log_path: Path | None = None,
     ready_timeout: float = 60.0,
     alias: str | None = MODEL_NAME,
+    model_key: str = "TINY_GGUF",
 ) -> EngineServer:
     """Start llama-server with ``-c ctx_per_slot*parallel --parallel N --metrics -a tiny``; with
-    ``alias=None`` no ``-a``, so that it lists (and ``.model`` is) the model file's path."""
+    ``alias=None`` no ``-a``, so that it lists (and ``.model`` is) the model file's path.
+    ``model_key="TINY_AGENT_GGUF"`` runs the coding-agent tests' model (a 64k window)."""
     env = _require("llamacpp")
+    if model_key not in env:
+        raise RuntimeError(f"{model_key} is not set: run bash tests/engines/setup.sh llamacpp")
 
     def command(port: int) -> list[str]:
         return [
             env["LLAMA_SERVER_BIN"],
-            "-m", env["TINY_GGUF"],
+            "-m", env[model_key],
             "--host", host,
             "--port", str(port),
             "-c", str(ctx_per_slot * parallel),
@@ -349,7 +353,7 @@ def start_llamacpp(
         log_path=log_path,
         ready_timeout=ready_timeout,
     )
-    server.model = alias if alias is not None else env["TINY_GGUF"]
+    server.model = alias if alias is not None else env[model_key]
     return server
 
 
@@ -392,6 +396,9 @@ def start_vllm(
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
         "PYTHONUNBUFFERED": "1",
+        # The tiny model's config says 4,096 positions; the agent tests need a 64k window (random
+        # weights: what the extra positions compute does not matter, only that they fit).
+        "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1",
     }
     if cpu_omp_threads_bind is not None:
         proc_env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_omp_threads_bind
@@ -450,6 +457,7 @@ def start_sglang(
     ld_path = os.pathsep.join(p for p in (env["SGLANG_LIBCUDA_DIR"], os.environ.get("LD_LIBRARY_PATH")) if p)
     proc_env = {
         "SGLANG_USE_CPU_ENGINE": "1",
+        "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1",  # as VLLM_ALLOW_LONG_MAX_MODEL_LEN above
         "LD_LIBRARY_PATH": ld_path,
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",

@@ -118,6 +118,13 @@ setup_llamacpp() {
     fi
     set_env LLAMA_SERVER_BIN "$bin"
     set_env TINY_GGUF "$GGUF"
+    # The coding-agent tests' model: a 64k window and an end-of-turn token that ends a turn by itself.
+    local agent_gguf="$CACHE/models/tiny-gguf-$MODEL_KEY/tiny-agent.gguf"
+    if [ ! -f "$agent_gguf" ]; then
+        log "generating $agent_gguf"
+        "$gdir/venv/bin/python" "$HERE/make_tiny_gguf.py" "$agent_gguf" --agent
+    fi
+    set_env TINY_AGENT_GGUF "$agent_gguf"
     log "llama.cpp ready ($((SECONDS - t))s): $bin"
 }
 

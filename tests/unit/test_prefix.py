@@ -323,3 +323,30 @@ def test_a_hot_prefix_survives_a_flood_of_one_off_prompts() -> None:
         else:
             tracker.observe((i, i + 7, i + 9, i + 11, i + 13), float(i) / 100)
     assert hot[0] is False and all(hot[1:])
+
+
+def test_an_agent_session_header_is_the_session_key_in_order() -> None:
+    from gateway.policy.prefix import session_key
+
+    claude = {"x-claude-code-session-id": "cc-1", "session-id": "codex-1"}
+    assert session_key(claude, "x-session-id", "body") == "cc-1"
+    assert session_key({"session-id": "s", "thread-id": "t"}, "x-session-id", None) == "s"
+    assert session_key({"conversation_id": "old"}, "x-session-id", None) == "old"
+    assert session_key({"x-session-id": "mine", **claude}, "x-session-id", None) == "mine", "configured first"
+    assert session_key({}, "x-session-id", "prompt-cache-key") == "prompt-cache-key"
+    assert session_key({}, "x-session-id", None) is None
+
+
+def test_claude_codes_billing_line_does_not_change_the_fingerprint() -> None:
+    from gateway.protocols.messages_translate import messages_to_chat
+
+    def view(cch: str) -> dict[str, Any]:
+        system = [
+            {"type": "text", "text": f"x-anthropic-billing-header: cc_version=2.1.332; cch={cch};"},
+            {"type": "text", "text": "You are a Claude agent." * 50},
+        ]
+        body = {"model": "m", "max_tokens": 9, "system": system, "messages": [{"role": "user", "content": "hi"}]}
+        return messages_to_chat(body)
+
+    first, second = (fingerprint(canonical_prompt(view(c)), 64) for c in ("a1b2c", "f9e8d"))
+    assert first == second and first
