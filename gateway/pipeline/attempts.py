@@ -147,6 +147,7 @@ class Attempts:
         if inbound.dropped and not target.native:
             self._said_dropped(ex, inbound)
         if upstream_model is not None:  # an alias, a backend's `model:`, or a wildcard's rewrite
+            ex.served_model = upstream_model if upstream_model != inbound.model else None
             ex.headers.append((b"x-gateway-model", upstream_model.encode("latin-1", "replace")))
         try:
             if inbound.stream:

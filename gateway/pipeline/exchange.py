@@ -35,6 +35,8 @@ class Exchange:
     query: str = ""
     """The client's query string (Claude Code's ?beta=true): sent on where the engine serves the
     protocol natively; a translated request's path is the gateway's own."""
+    served_model: str | None = None
+    """The name the backend was sent, where it is not the client's: the answer's is rewritten back."""
     pool: str = NONE
     rule: str = ""
     backend: Backend | None = None

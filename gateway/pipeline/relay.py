@@ -21,6 +21,7 @@ from gateway.pipeline.exchange import Exchange, Outcome
 from gateway.pipeline.headers import SSE, response_headers
 from gateway.policy.caps import engine_truncated
 from gateway.protocols.base import Inbound, ProtocolAdapter, SseObserver, StreamTransform, Target
+from gateway.protocols.rename import ModelRename
 from gateway.serving.lifecycle import Lifecycle
 from gateway.upstream import UpstreamResponse
 
@@ -203,6 +204,8 @@ class Relay:
                     (b"x-gateway-engine-truncated-prompt", f"{usage.get('prompt_tokens')}/{expected}".encode())
                 )
         out = protocol.response_body(inbound, raw, parsed, target)
+        if target.native and ex.served_model is not None:
+            out = ModelRename(ex.served_model, inbound.model).whole(out)
         ex.status = 200
         ctype = resp.headers.get("content-type", "application/json").encode("latin-1")
         await send(
@@ -235,6 +238,8 @@ class Relay:
         a cancellation from the request's owner, which knows why; this only closes the upstream."""
         observer = protocol.observer(inbound, edits, target)
         transform = protocol.stream_transform(inbound, target)
+        if transform is None and target.native and ex.served_model is not None:
+            transform = ModelRename(ex.served_model, inbound.model)
         ex.observer = observer
         loop = resp.loop
         clock = time.perf_counter

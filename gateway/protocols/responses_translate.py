@@ -227,7 +227,7 @@ def usage_to_responses(usage: Any) -> dict[str, Any]:
     reasoning = _int(out_details.get("reasoning_tokens")) if isinstance(out_details, dict) else 0
     return {
         "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": cached},
+        "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
         "output_tokens": completion,
         "output_tokens_details": {"reasoning_tokens": reasoning},
         "total_tokens": prompt + completion,
