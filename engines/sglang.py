@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from engines.base import LaunchSpec
 from engines.promtext import LoadTable, Ratio
-from engines.table import MessagesTokenizer, ModelsTable, TableAdapter, cap_flag, name_flag
+from engines.table import MessagesTokenizer, ModelsTable, TableAdapter, cap_flag, name_flag, tool_parser
 
 # Releases differ: "sglang:" like vLLM, or "sglang_" (the plain Prometheus style).
 _PREFIXES = ("sglang:", "sglang_")
@@ -37,6 +37,7 @@ def launch(spec: LaunchSpec) -> list[str]:
         "--host", spec.host, "--port", str(spec.port),
         *cap_flag("--context-length", spec.max_context_tokens),
         "--enable-metrics",  # without it there is no /metrics, so no load signals
+        "--tool-call-parser", tool_parser(spec.model, "sglang"),  # agents' tool calls as tool calls
     ]  # fmt: skip
 
 

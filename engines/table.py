@@ -6,6 +6,7 @@ renamed fallbacks), tokenizer calls, launch command. Every error body becomes th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -206,6 +207,32 @@ def name_flag(flag: str, name: str | None) -> list[str]:
     return [] if name is None else [flag, name]
 
 
+# A model family's tool-call parser, by a word in the model's name: vLLM's names, then SGLang's. An
+# agent offers tools on every request, and without a parser both engines refuse (vLLM) or return
+# the calls as text; the first match wins, so the more specific names come first.
+_TOOL_PARSERS: tuple[tuple[str, str, str], ...] = (
+    ("qwen3-coder", "qwen3_coder", "qwen3_coder"),
+    ("qwen", "hermes", "qwen25"),
+    ("gpt-oss", "openai", "gpt-oss"),
+    ("deepseek-v3", "deepseek_v3", "deepseekv3"),
+    ("deepseek", "deepseek_v3", "deepseekv3"),
+    ("llama-4", "llama4_pythonic", "pythonic"),
+    ("llama", "llama3_json", "llama3"),
+    ("mistral", "mistral", "mistral"),
+    ("glm", "glm45", "glm45"),
+    ("kimi", "kimi_k2", "kimi_k2"),
+)
+
+
+def tool_parser(model: str, engine: str) -> str:
+    """The tool-call parser for `model` on `engine` ("vllm" or "sglang"); hermes's format otherwise."""
+    name = model.lower()
+    for word, vllm, sglang in _TOOL_PARSERS:
+        if word in name:
+            return vllm if engine == "vllm" else sglang
+    return "hermes" if engine == "vllm" else "qwen25"
+
+
 def cap_flag(flag: str, value: int | None) -> list[str]:
     """The engine's cap flag and value, or nothing when the route has no cap (the engine's default)."""
     return [] if value is None else [flag, str(value)]
@@ -286,6 +313,9 @@ class TableAdapter:
     load: LoadTable = NO_LOAD
     tokenizer: Tokenizer = NO_TOKENIZER
     launch: Callable[[LaunchSpec], list[str]] = no_launch
+    error_hints: tuple[tuple[str, str], ...] = ()
+    """(lower-case phrase, advice): an engine error holding the phrase gets the advice appended, for
+    refusals whose cure is an engine flag (vLLM without a tool-call parser)."""
     client_faults: tuple[str, ...] = ()
     """Lower-case phrases that make an engine's 5xx the client's fault (a 400), e.g. a JSON parse error."""
     native_apis: frozenset[str] = frozenset()
@@ -322,7 +352,12 @@ class TableAdapter:
         return self.tokenizer.count(responses)
 
     def normalise_error(self, status: int, body: bytes) -> NormalisedError:
-        return normalise_error(status, body, self.client_faults)
+        error = normalise_error(status, body, self.client_faults)
+        lower = error.message.lower()
+        for phrase, advice in self.error_hints:
+            if phrase in lower:
+                return dataclasses.replace(error, message=f"{error.message} ({advice})")
+        return error
 
     def launch_argv(self, spec: LaunchSpec) -> list[str]:
         return self.launch(spec)

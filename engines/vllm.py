@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from engines.base import LaunchSpec
 from engines.promtext import LoadTable, Ratio
-from engines.table import MessagesTokenizer, ModelsTable, TableAdapter, cap_flag, name_flag
+from engines.table import MessagesTokenizer, ModelsTable, TableAdapter, cap_flag, name_flag, tool_parser
 
 LOAD = LoadTable(
     running=("vllm:num_requests_running",),
@@ -26,6 +26,8 @@ def launch(spec: LaunchSpec) -> list[str]:
         "--host", spec.host, "--port", str(spec.port),
         *cap_flag("--max-model-len", spec.max_context_tokens),
         "--max-num-seqs", str(spec.parallel),
+        # Coding agents offer tools on every request: without these vLLM refuses them (400).
+        "--enable-auto-tool-choice", "--tool-call-parser", tool_parser(spec.model, "vllm"),
     ]  # fmt: skip
 
 
@@ -36,6 +38,13 @@ ADAPTER = TableAdapter(
     load=LOAD,
     tokenizer=MessagesTokenizer(),
     launch=launch,
+    error_hints=(
+        (
+            "tool choice requires",
+            "start vLLM with --enable-auto-tool-choice --tool-call-parser NAME, the parser of the model's"
+            " family (gateway plan prints it; docs/agents.md)",
+        ),
+    ),
     # Measured on vLLM 0.32 (docs/protocols.md): /v1/messages and count_tokens; /v1/responses (stream too;
     # GET by id and previous_response_id need VLLM_ENABLE_RESPONSES_API_STORE=1), /tokenize and /detokenize.
     native_apis=frozenset({"messages", "count_tokens", "responses", "tokenize"}),

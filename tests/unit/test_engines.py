@@ -331,10 +331,10 @@ SPEC = LaunchSpec(model="M", host="0.0.0.0", port=8001, max_context_tokens=4096,
 LAUNCH_CASES = [
     ("vllm", SPEC,
      ["vllm", "serve", "M", "--host", "0.0.0.0", "--port", "8001", "--max-model-len", "4096",
-      "--max-num-seqs", "4"]),
+      "--max-num-seqs", "4", "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]),
     ("sglang", SPEC,
      ["python", "-m", "sglang.launch_server", "--model-path", "M", "--host", "0.0.0.0", "--port", "8001",
-      "--context-length", "4096", "--enable-metrics"]),
+      "--context-length", "4096", "--enable-metrics", "--tool-call-parser", "qwen25"]),
     # llama.cpp splits -c across the slots: 4 slots x 4096 tokens each
     ("llamacpp", SPEC,
      ["llama-server", "-m", "M", "--host", "0.0.0.0", "--port", "8001", "-c", "16384", "--parallel", "4",
@@ -359,10 +359,11 @@ LAUNCH_CASES = [
     # the backend's `model:` as the served name
     ("vllm", dataclasses.replace(SPEC, served_name="tiny"),
      ["vllm", "serve", "M", "--served-model-name", "tiny", "--host", "0.0.0.0", "--port", "8001",
-      "--max-model-len", "4096", "--max-num-seqs", "4"]),
+      "--max-model-len", "4096", "--max-num-seqs", "4", "--enable-auto-tool-choice", "--tool-call-parser",
+      "hermes"]),
     ("sglang", dataclasses.replace(SPEC, served_name="tiny"),
      ["python", "-m", "sglang.launch_server", "--model-path", "M", "--served-model-name", "tiny", "--host",
-      "0.0.0.0", "--port", "8001", "--context-length", "4096", "--enable-metrics"]),
+      "0.0.0.0", "--port", "8001", "--context-length", "4096", "--enable-metrics", "--tool-call-parser", "qwen25"]),
     ("llamacpp", dataclasses.replace(SPEC, served_name="tiny"),
      ["llama-server", "-m", "M", "--alias", "tiny", "--host", "0.0.0.0", "--port", "8001", "-c", "16384",
       "--parallel", "4", "--metrics"]),
@@ -463,3 +464,28 @@ def test_error_messages_do_not_leak_file_paths() -> None:
     )
     norm = adapter_for("sglang").normalise_error(400, body.encode())
     assert "/root" not in norm.message and "site-packages" not in norm.message
+
+
+@pytest.mark.parametrize(
+    ("model", "vllm", "sglang"),
+    [
+        ("Qwen/Qwen3-Coder-30B-A3B-Instruct", "qwen3_coder", "qwen3_coder"),
+        ("Qwen/Qwen3-0.6B", "hermes", "qwen25"),
+        ("meta-llama/Llama-3.1-8B-Instruct", "llama3_json", "llama3"),
+        ("openai/gpt-oss-20b", "openai", "gpt-oss"),
+        ("some/unknown-model", "hermes", "qwen25"),
+    ],
+)
+def test_plan_names_the_tool_call_parser_of_the_models_family(model: str, vllm: str, sglang: str) -> None:
+    from engines.table import tool_parser
+
+    assert tool_parser(model, "vllm") == vllm
+    assert tool_parser(model, "sglang") == sglang
+
+
+def test_vllms_refusal_without_a_tool_parser_names_the_flags() -> None:
+    message = '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
+    body = json.dumps({"error": {"message": message, "type": "BadRequestError", "code": 400}}).encode()
+    error = ADAPTERS["vllm"].normalise_error(400, body)
+    assert error.status == 400
+    assert "--tool-call-parser NAME" in error.message and "gateway plan" in error.message
