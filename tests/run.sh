@@ -43,6 +43,8 @@ bash tests/engines/setup.sh all
 if command -v npm >/dev/null; then
     say "openai Node SDK (cached)"
     bash tests/node/setup.sh >/dev/null
+    say "coding agents: Claude Code and Codex CLI at tests/agents/package.json's versions (cached)"
+    bash tests/agents/setup.sh >/dev/null
 fi
 
 say "lint"
