@@ -56,23 +56,26 @@ async def _ttft(client: httpx.AsyncClient, base: str, key: str) -> float:
     auth = {"authorization": f"Bearer {key}"}
     async with client.stream("POST", base + "/v1/chat/completions", json=_body(CHAT_TOKENS, True), headers=auth) as r:
         r.raise_for_status()
+        first: float | None = None
         async for line in r.aiter_lines():
-            if line.startswith("data: "):
+            if first is None and line.startswith("data: "):
                 first = time.perf_counter() - sent
-                async for _ in r.aiter_lines():
-                    pass
-                return first
-    raise RuntimeError("stream without data")
+    if first is None:
+        raise RuntimeError("stream without data")
+    return first
 
 
 async def _flood(base: str, key: str, clients: int, done: list[tuple[str, int]], stop: asyncio.Event) -> None:
     async def loop(client: httpx.AsyncClient) -> None:
         while not stop.is_set():
-            r = await client.post(
-                base + "/v1/chat/completions",
-                json=_body(BATCH_TOKENS, False),
-                headers={"authorization": f"Bearer {key}"},
-            )
+            try:
+                r = await client.post(
+                    base + "/v1/chat/completions",
+                    json=_body(BATCH_TOKENS, False),
+                    headers={"authorization": f"Bearer {key}"},
+                )
+            except httpx.TransportError:
+                continue  # a kept-alive connection closed under the flood: send again
             if r.status_code == 200 and not stop.is_set():
                 done.append((key, r.json()["usage"]["completion_tokens"]))
 
