@@ -118,15 +118,15 @@ class GatewayMetrics:
         )
         self.class_queue_wait = LeanHistogram(
             "gateway_class_queue_wait_seconds",
-            "Time spent waiting for a backend slot, by priority class and client key (its config name).",
-            ("priority", "key"),
+            "Time spent waiting for a backend slot, by pool, priority class and client key (its config name).",
+            ("pool", "priority", "key"),
             buckets=_QUEUE_BUCKETS,
             registry=r,
         )
         self.shed = LeanCounter(
             "gateway_shed_requests",
             "Requests refused 429 by a saturated pool, by priority class and why (full, timeout, shed).",
-            ("priority", "reason"),
+            ("pool", "priority", "reason"),
             registry=r,
         )
         # The gateway's own cost.

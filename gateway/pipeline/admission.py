@@ -79,7 +79,7 @@ class Admission:
             )
             kick = False
             if outcome != "slot":
-                self._metrics.child(self._metrics.shed, CLASSES[ticket.rank], outcome).inc()
+                self._metrics.child(self._metrics.shed, plan.pool, CLASSES[ticket.rank], outcome).inc()
                 raise Overloaded(_refusal(plan.pool, outcome, CLASSES[ticket.rank]), retry_after=1)
             backends, saturated, home = self._router.order(plan.pool, plan.key, only=plan.only)
             plan = replace(plan, backends=backends, saturated=saturated, home=home)
@@ -87,7 +87,8 @@ class Admission:
             raise NoHealthyBackend(f"No healthy backend can serve route '{route}'.", retry_after=5)
         waited = time.perf_counter() - started
         self._metrics.child(self._metrics.queue_wait, route, plan.pool).observe(waited)
-        self._metrics.child(self._metrics.class_queue_wait, CLASSES[ticket.rank], ticket.flow).observe(waited)
+        wait = self._metrics.class_queue_wait
+        self._metrics.child(wait, plan.pool, CLASSES[ticket.rank], ticket.flow).observe(waited)
         return backends, plan, queued
 
     def settle(self, pool: str, ticket: Ticket, usage: Mapping[str, Any] | None) -> None:

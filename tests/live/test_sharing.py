@@ -69,10 +69,10 @@ async def test_interactive_key_is_not_queued_behind_a_batch_flood(make_stack: St
     batch.cancel()
     await asyncio.gather(batch, return_exceptions=True)
     assert codes == [200] * 10
-    chat_waits = stack.metric("gateway_class_queue_wait_seconds_sum", priority="interactive", key="chat")
-    assert stack.metric("gateway_class_queue_wait_seconds_count", priority="interactive", key="chat") == 10
-    batch_sum = stack.metric("gateway_class_queue_wait_seconds_sum", priority="batch", key="batch")
-    batch_count = stack.metric("gateway_class_queue_wait_seconds_count", priority="batch", key="batch")
+    chat_waits = stack.metric("gateway_class_queue_wait_seconds_sum", pool="vllm", priority="interactive", key="chat")
+    assert stack.metric("gateway_class_queue_wait_seconds_count", pool="vllm", priority="interactive", key="chat") == 10
+    batch_sum = stack.metric("gateway_class_queue_wait_seconds_sum", pool="vllm", priority="batch", key="batch")
+    batch_count = stack.metric("gateway_class_queue_wait_seconds_count", pool="vllm", priority="batch", key="batch")
     # About a quarter of one request's time (~25 ms); FIFO behind 36 batch requests is ~0.9 s.
     assert chat_waits / 10 < 0.1
     assert chat_waits / 10 < (batch_sum / batch_count) / 4
