@@ -91,7 +91,7 @@ def build(
 ) -> Gateway:
     metrics = metrics or GatewayMetrics()
     registry = Registry(config)
-    capacity = Capacity(registry, config.retry)
+    capacity = Capacity(registry, config.retry, config.sharing)
     health_state = HealthState(config.health)
     upstream = UpstreamClient(config.timeouts)
     resolved = platform or resolve_platform(config.routing.platform)
@@ -120,7 +120,7 @@ def build(
         router=router,
         caps=CapEnforcer(upstream, metrics),
         accounting=accounting,
-        admission=Admission(capacity, router, config.limits, metrics),
+        admission=Admission(capacity, router, config.limits, metrics, config.sharing),
         relay=relay,
         attempts=Attempts(capacity, passive, upstream, router, relay, metrics, accounting, config.retry.max_attempts),
         health=HealthChecker(registry, health_state, upstream, metrics, config.health),

@@ -7,13 +7,15 @@ from __future__ import annotations
 import fnmatch
 import re
 from collections.abc import Mapping
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 EngineKind = Literal["vllm", "sglang", "llamacpp", "trtllm", "lmdeploy", "nim", "ollama", "openai", "sim"]
 BalancerKind = Literal["least_load", "prefix_affinity", "round_robin", "session", "first_healthy"]
 PlatformName = Literal["auto", "mac", "no_nvidia_gpu", "nvidia_gpu"]
+Priority = Literal["interactive", "default", "batch"]
+"""Priority classes, highest first (gateway/policy/priority.py ranks them; docs/sharing.md)."""
 
 _NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
 
@@ -60,12 +62,21 @@ class ClientKeyConfig(_Model):
     requests_per_minute: Annotated[int, Field(ge=1)] | None = None
     tokens_per_minute: Annotated[int, Field(ge=1)] | None = None
     """Prompt plus completion tokens, counted when each request ends."""
+    priority: Priority | None = None
+    """The class of this key's requests when the queue is in use; unset: the route's, else `default`."""
+    max_priority: Priority | None = None
+    """The highest class an `x-gateway-priority` header may ask for; unset: the key's own class."""
+    weight: Annotated[float, Field(gt=0, le=1000)] = 1.0
+    """This key's share of its class while saturated, relative to the other keys in the class."""
 
     @model_validator(mode="after")
     def _check_key(self) -> ClientKeyConfig:
         if not self.key.get_secret_value().strip():
             raise ValueError("key is empty (is its environment variable set?)")
         _check_hashed(self.key.get_secret_value(), "key")
+        order = get_args(Priority)
+        if self.max_priority is not None and order.index(self.max_priority) > order.index(self.priority or "default"):
+            raise ValueError("max_priority is below the key's own priority")
         return self
 
 
@@ -84,6 +95,14 @@ class RedisConfig(_Model):
         if not re.match(r"^(redis|rediss|unix)://\S+$", self.url.get_secret_value()):
             raise ValueError("url must be redis://, rediss:// or unix://")
         return self
+
+
+class SharingConfig(_Model):
+    min_share: Annotated[float, Field(gt=0, le=0.5)] = 0.05
+    """While a class has requests waiting, at least this fraction of the slots that free up go to
+    it, however busy the classes above it are: no class starves."""
+    output_estimate_tokens: Annotated[int, Field(ge=1)] = 256
+    """A request's output tokens for fair share when it sets no max_tokens (real usage corrects it)."""
 
 
 class LimitsConfig(_Model):
@@ -229,6 +248,8 @@ class RouteConfig(_Model):
     pools: Annotated[tuple[str, ...], Field(min_length=1)]
     rules: tuple[RuleConfig, ...] = ()
     caps: CapsConfig = CapsConfig()
+    priority: Priority | None = None
+    """The class of this route's requests for keys that set none (the lower of the two when both do)."""
     reasoning_content: Literal["off", "copy"] = "off"
     """On chat completions: `copy` sets `reasoning_content` from `reasoning` (vLLM 0.32 sends only the
     latter; many clients read the former) in answers and stream chunks; `off` relays the bytes as sent."""
@@ -259,6 +280,7 @@ class GatewayConfig(_Model):
     health: HealthConfig = HealthConfig()
     routing: RoutingConfig = RoutingConfig()
     keys: tuple[ClientKeyConfig, ...] = ()
+    sharing: SharingConfig = SharingConfig()
     redis: RedisConfig | None = None
     pools: Mapping[Annotated[str, Field(pattern=_NAME_PATTERN)], PoolConfig]
     routes: Annotated[tuple[RouteConfig, ...], Field(min_length=1)]

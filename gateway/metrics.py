@@ -116,6 +116,19 @@ class GatewayMetrics:
             buckets=_QUEUE_BUCKETS,
             registry=r,
         )
+        self.class_queue_wait = LeanHistogram(
+            "gateway_class_queue_wait_seconds",
+            "Time spent waiting for a backend slot, by pool, priority class and client key (its config name).",
+            ("pool", "priority", "key"),
+            buckets=_QUEUE_BUCKETS,
+            registry=r,
+        )
+        self.shed = LeanCounter(
+            "gateway_shed_requests",
+            "Requests refused 429 by a saturated pool, by priority class and why (full, timeout, shed).",
+            ("pool", "priority", "reason"),
+            registry=r,
+        )
         # The gateway's own cost.
         self.overhead = LeanHistogram(
             "gateway_overhead_seconds",
@@ -217,6 +230,7 @@ class GatewayMetrics:
             ),
             *(self.client_disconnects, self.wasted_tokens, self.backend_up, self.backend_model),
             *(self.backend_load, self.scrape_age, self.rate_limited, self.limiter_up, self.limiter_errors),
+            *(self.class_queue_wait, self.shed),
         ]
         self._fine = [m for m in made if isinstance(m, FineHistogram)]
         self._coarse = CollectorRegistry(auto_describe=True)

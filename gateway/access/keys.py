@@ -9,7 +9,7 @@ import hashlib
 import hmac
 from dataclasses import dataclass
 
-from gateway.config import GatewayConfig
+from gateway.config import GatewayConfig, Priority
 from gateway.errors import Unauthorized
 
 
@@ -19,6 +19,9 @@ class ClientKey:
     models: tuple[str, ...] = ()
     requests_per_minute: int | None = None
     tokens_per_minute: int | None = None
+    priority: Priority | None = None
+    max_priority: Priority | None = None
+    weight: float = 1.0
 
     def allows(self, model: str) -> bool:
         return not self.models or any(fnmatch.fnmatchcase(model, pattern) for pattern in self.models)
@@ -47,7 +50,9 @@ class KeyRing:
             (digest(k.get_secret_value()), ClientKey(f"api_keys-{i}")) for i, k in enumerate(config.server.api_keys)
         ]
         for k in config.keys:
-            client = ClientKey(k.name, k.models, k.requests_per_minute, k.tokens_per_minute)
+            client = ClientKey(
+                k.name, k.models, k.requests_per_minute, k.tokens_per_minute, k.priority, k.max_priority, k.weight
+            )
             entries.append((digest(k.key.get_secret_value()), client))
         return cls(entries)
 

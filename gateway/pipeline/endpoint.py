@@ -39,6 +39,7 @@ from gateway.pipeline.exchange import Exchange, Outcome
 from gateway.pipeline.headers import error_headers, upstream_headers
 from gateway.pipeline.relay import EndReason, Relay, StreamCut
 from gateway.pipeline.router import Plan, Router
+from gateway.policy.fairqueue import Ticket
 from gateway.protocols.base import Inbound, ProtocolAdapter
 from gateway.protocols.response_store import ResponseStore, not_found_body
 from gateway.serving.lifecycle import Lifecycle
@@ -118,6 +119,8 @@ class CompletionEndpoint:
         left: Callable[[], None] | None = None
         count: PromptCount = NO_PROMPT
         client: ClientKey | None = None
+        ticket: Ticket | None = None
+        queued = False
         try:
             if self._lifecycle.draining:
                 raise NoHealthyBackend("The gateway is shutting down.", code="draining", retry_after=1)
@@ -153,7 +156,8 @@ class CompletionEndpoint:
             else:
                 plan = self._pinned(route, inbound, view, headers, estimate)
             ex.pool, ex.rule = plan.pool, plan.rule
-            backends, plan = await self._admission.admit(plan, route.label)
+            ticket = self._admission.ticket(client, route, headers, estimate, inbound.max_tokens)
+            backends, plan, queued = await self._admission.admit(plan, route.label, ticket)
             first = self._router.upstream_model(plan, backends[0], route.upstream_model, inbound.model)
             cap_edits, count = await self._caps.apply(route, inbound, view, backends[0], first or inbound.model)
             ex.estimator_key, ex.prompt_chars, ex.prompt_messages = count.key, count.chars, count.messages
@@ -215,6 +219,8 @@ class CompletionEndpoint:
             self._access.account(client, usage, ex.prompt_estimate + ex.streamed_tokens if ex.sent_at else 0)
             if ex.outcome == "success" and usage is not None:
                 self._caps.learn(count, prompt_tokens(usage))
+            if queued and ticket is not None:
+                self._admission.settle(ex.pool, ticket, usage)
 
     def _pinned(self, route: RouteConfig, inbound: Inbound, view: Any, headers: dict[str, str], estimate: int) -> Plan:
         """The plan of a request that names stored state: the one backend that holds it, or OpenAI's 404

@@ -72,6 +72,8 @@ EXPECTED_METRICS: Mapping[str, MetricSpec] = {
     "gateway_backend_load": MetricSpec("gauge", frozenset({"pool", "backend", "engine", "signal"})),
     "gateway_backend_scrape_age_seconds": MetricSpec("gauge", frozenset({"pool", "backend"})),
     "gateway_rate_limited": MetricSpec("counter", frozenset({"key", "limit"})),
+    "gateway_class_queue_wait_seconds": MetricSpec("histogram", frozenset({"pool", "priority", "key"})),
+    "gateway_shed_requests": MetricSpec("counter", frozenset({"pool", "priority", "reason"})),
     "gateway_limiter_backend_up": MetricSpec("gauge", frozenset({"store"})),
     "gateway_limiter_errors": MetricSpec("counter", frozenset({"store"})),
 }
