@@ -62,6 +62,7 @@ EXPECTED_METRICS: Mapping[str, MetricSpec] = {
     "gateway_route_decisions": MetricSpec("counter", frozenset({"route", "pool", "rule"})),
     "gateway_context_cap": MetricSpec("counter", frozenset({"route", "action", "method"})),
     "gateway_truncated_messages": MetricSpec("counter", frozenset({"route"})),
+    "gateway_dropped_features": MetricSpec("counter", frozenset({"route", "api", "feature"})),
     "gateway_retries": MetricSpec("counter", frozenset({"route", "pool"})),
     "gateway_retry_budget_exhausted": MetricSpec("counter", frozenset({"route"})),
     "gateway_upstream_errors": MetricSpec("counter", frozenset({"pool", "backend", "kind"})),
