@@ -4,16 +4,22 @@ gateway_dropped_features_total (docs/agents.md lists each name). Pure: a leaf.""
 
 from __future__ import annotations
 
+MESSAGES_FIELDS = (
+    "thinking",
+    "context_management",
+    "output_config",
+    "service_tier",
+    "container",
+    "mcp_servers",
+    "inference_geo",
+)
+"""Top-level Messages fields with no chat equivalent (metadata's user_id becomes chat's `user`; the
+rest steer Anthropic's own service)."""
+
 KNOWN_DROPPED = frozenset(
     {
+        *MESSAGES_FIELDS,
         # Messages
-        "thinking",
-        "context_management",
-        "output_config",
-        "service_tier",
-        "container",
-        "mcp_servers",
-        "inference_geo",
         "cache_control",
         "defer_loading",
         "eager_input_streaming",

@@ -11,19 +11,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from gateway.errors import InvalidRequest
-from gateway.protocols.dropped import Dropped
+from gateway.protocols.dropped import MESSAGES_FIELDS, Dropped
 
 # Fields of a Messages request with no chat equivalent: dropped on the translated path and named in
-# x-gateway-dropped (metadata's user_id becomes chat's `user`; the rest steer Anthropic's own service).
-DROPPED_FIELDS = (
-    "thinking",
-    "context_management",
-    "output_config",
-    "service_tier",
-    "container",
-    "mcp_servers",
-    "inference_geo",
-)
+# x-gateway-dropped.
+DROPPED_FIELDS = MESSAGES_FIELDS
 _SAMPLING = ("temperature", "top_p", "top_k")
 # Tool fields that only Anthropic's own tool runner reads.
 _TOOL_EXTRAS = ("defer_loading", "eager_input_streaming", "input_examples", "allowed_callers", "strict")

@@ -243,19 +243,6 @@ def message_item(item_id: str, text: str, status: str = "completed") -> dict[str
     return {"type": "message", "id": item_id, "role": "assistant", "status": status, "content": [part]}
 
 
-def function_call_item(
-    item_id: str, call_id: str, name: str, arguments: str, status: str = "completed"
-) -> dict[str, Any]:
-    return {
-        "type": "function_call",
-        "id": item_id,
-        "call_id": call_id,
-        "name": name,
-        "arguments": arguments,
-        "status": status,
-    }
-
-
 def reasoning_item(item_id: str, text: str) -> dict[str, Any]:
     return {"type": "reasoning", "id": item_id, "summary": [], "content": [{"type": "reasoning_text", "text": text}]}
 
