@@ -67,7 +67,8 @@ def _gateway_config(urls: dict[str, str]) -> dict[str, Any]:
             "platform": "nvidia_gpu",
             "shared_prefix": {"min_seen": 2, "min_prefix_chars": 256, "block_chars": 64},
         },
-        "limits": {"queue_timeout_s": 10},
+        # A short queue: the max_in_flight=1 pool's backlog overflows it, so requests are shed too.
+        "limits": {"queue_timeout_s": 10, "max_queue": 2},
         "timeouts": {"first_byte_s": 0.4, "idle_s": 0.4, "keepalive_s": 0.2},
         "retry": {"max_attempts": 2, "budget_ratio": 0.0, "budget_min": 1},
         "health": {"interval_s": 1, "timeout_s": 1, "scrape_interval_s": 1, "unhealthy_after": 5},
@@ -202,6 +203,8 @@ def _request(kind: str, rng: random.Random) -> tuple[dict[str, Any], dict[str, s
         body["model"] = "flaky"
     elif kind == "queued":
         body["model"] = "queued"
+        if rng.random() < 0.5:
+            headers["x-gateway-priority"] = "batch"
     elif kind == "status_500":
         headers["x-sim-fault"] = "status=500"
     elif kind == "die":
