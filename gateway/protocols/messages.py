@@ -198,7 +198,7 @@ class CountTokensProtocol(AnthropicProtocol):
 
     path = "/v1/messages/count_tokens"
     _native_api = "count_tokens"
-    _length_field = None
+    _length_field: str | None = None
 
     def __init__(self) -> None:
         super().__init__()
