@@ -61,7 +61,7 @@ def test_the_limit_holds_for_events_inside_one_read() -> None:
     with pytest.raises(EventTooLarge):
         split.feed(_chat("a") + _chat("x" * 10_001) + _chat("b"))
     with pytest.raises(EventTooLarge):
-        EventSplitter(limit=10_000).feed(b"data: " + b"x" * 9_990 + b'"\n\ndata: [DONE]\n\n')
+        EventSplitter(limit=10_000).feed(b"data: " + b"x" * 10_000 + b'"\n\ndata: [DONE]\n\n')
 
 
 def test_a_long_event_is_not_held_when_relayed() -> None:
