@@ -90,10 +90,10 @@ async def _hostile(client: httpx.AsyncClient, url: str, fault: str, sent: list[i
                     pass
 
 
-async def _hostile_clients(url: str, seconds: float) -> list[int]:
-    sent = [0] * len(HOSTILE)
+async def _hostile_clients(url: str, seconds: float, faults: list[str]) -> list[int]:
+    sent = [0] * len(faults)
     async with httpx.AsyncClient(timeout=30) as client:
-        tasks = [asyncio.create_task(_hostile(client, url, f, sent, i)) for i, f in enumerate(HOSTILE.values())]
+        tasks = [asyncio.create_task(_hostile(client, url, HOSTILE[f], sent, i)) for i, f in enumerate(faults)]
         await asyncio.sleep(seconds)
         for task in tasks:
             task.cancel()
@@ -101,7 +101,9 @@ async def _hostile_clients(url: str, seconds: float) -> list[int]:
     return sent
 
 
-async def _phase(url: str, seconds: float, interval: float, hostile: subprocess.Popen[str] | None) -> dict[str, Any]:
+async def _phase(
+    url: str, seconds: float, interval: float, hostile: subprocess.Popen[str] | None, faults: list[str]
+) -> dict[str, Any]:
     stop = asyncio.Event()
     async with httpx.AsyncClient(timeout=30) as client:
         probes = [
@@ -123,11 +125,17 @@ async def _phase(url: str, seconds: float, interval: float, hostile: subprocess.
         "healthz_p99_ms": round(quantile(health["times"], 0.99) * 1e3, 2),
         "loop_lag_max_ms": round(max(health["times"], default=float("nan")) * 1e3, 2),
         "healthz_failures": health["failures"],
-        "hostile_requests": dict(zip(HOSTILE, sent, strict=True)) if sent else {},
+        "hostile_requests": dict(zip(faults, sent, strict=True)) if sent else {},
     }
 
 
-def measure(quiet_s: float, hostile_s: float, interval: float, workdir: Path) -> dict[str, Any]:
+def cpu_s(pid: int) -> float:
+    """The process's user + system CPU time so far, from /proc (seconds)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure(quiet_s: float, hostile_s: float, interval: float, workdir: Path, faults: list[str]) -> dict[str, Any]:
     """Both phases against one stack: quiet first, then with the hostile backend busy."""
     sections = {
         # The hostile backend must stay in the pool to keep misbehaving: no passive ejection.
@@ -141,13 +149,18 @@ def measure(quiet_s: float, hostile_s: float, interval: float, workdir: Path) ->
         before = isolate_engine(stack.sim_pids[1])
         for pid in (stack.gateway.pid, stack.sim_pids[0]):
             os.sched_setaffinity(pid, before - {min(before)} or before)
-        quiet = asyncio.run(_phase(stack.gateway_url, quiet_s, interval, None))
+        start = cpu_s(stack.gateway.pid)
+        quiet = asyncio.run(_phase(stack.gateway_url, quiet_s, interval, None, faults))
+        quiet["gateway_cpu_share"] = round((cpu_s(stack.gateway.pid) - start) / quiet_s, 3)
+        start = cpu_s(stack.gateway.pid)
         # The hostile clients are another machine's too: their own process, at low priority.
         argv = [sys.executable, __file__, "--hostile-client", stack.gateway_url, "--hostile-s", str(hostile_s)]
+        argv += ["--faults", ",".join(faults)]
         clients = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, cwd=REPO, start_new_session=True)
         os.sched_setaffinity(clients.pid, before)  # (on the hostile engine's core alone they starve)
         os.setpriority(os.PRIO_PROCESS, clients.pid, 10)
-        hostile = asyncio.run(_phase(stack.gateway_url, hostile_s, interval, clients))
+        hostile = asyncio.run(_phase(stack.gateway_url, hostile_s, interval, clients, faults))
+        hostile["gateway_cpu_share"] = round((cpu_s(stack.gateway.pid) - start) / hostile_s, 3)
     ratio = round(hostile["healthy_p99_ms"] / quiet["healthy_p99_ms"], 2)
     return {"quiet": quiet, "hostile": hostile, "p99_ratio": ratio}
 
@@ -164,13 +177,15 @@ def main() -> None:
     parser.add_argument("--hostile-s", type=float, default=20.0)
     parser.add_argument("--interval", type=float, default=0.02, help="seconds between two probes of each kind")
     parser.add_argument("--results", type=Path, default=REPO / "benchmarks" / "results")
+    parser.add_argument("--faults", default=",".join(HOSTILE), help="hostile kinds, of: " + ", ".join(HOSTILE))
     parser.add_argument("--hostile-client", metavar="URL", help=argparse.SUPPRESS)  # the hostile clients' process
     args = parser.parse_args()
+    faults = [f for f in args.faults.split(",") if f]
     if args.hostile_client:
-        print(json.dumps(asyncio.run(_hostile_clients(args.hostile_client, args.hostile_s))), flush=True)
+        print(json.dumps(asyncio.run(_hostile_clients(args.hostile_client, args.hostile_s, faults))), flush=True)
         return
     with tempfile.TemporaryDirectory() as tmp:
-        figures = measure(args.quiet_s, args.hostile_s, args.interval, Path(tmp))
+        figures = measure(args.quiet_s, args.hostile_s, args.interval, Path(tmp), faults)
     now = datetime.datetime.now(datetime.UTC)
     result = {
         "benchmark": "isolation",
@@ -185,7 +200,7 @@ def main() -> None:
         print(
             f"{phase:8} healthy p50 {f['healthy_p50_ms']} ms, p99 {f['healthy_p99_ms']} ms,"
             f" failures {f['healthy_failures']}/{f['healthy_requests']}; /healthz p99 {f['healthz_p99_ms']} ms,"
-            f" max {f['loop_lag_max_ms']} ms; hostile {f['hostile_requests']}"
+            f" max {f['loop_lag_max_ms']} ms; gateway CPU {f['gateway_cpu_share']:.0%}; hostile {f['hostile_requests']}"
         )
     print(f"p99 ratio (hostile / quiet): {figures['p99_ratio']}")
     args.results.mkdir(parents=True, exist_ok=True)

@@ -86,18 +86,21 @@ def metric_sum(text: str, name: str) -> float:
 
 def _spawn(argv: list[str], log: Path, stdout_pipe: bool = False) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": f"{REPO}:{os.environ.get('PYTHONPATH', '')}"}
-    return subprocess.Popen(
-        argv,
-        stdout=subprocess.PIPE if stdout_pipe else log.open("wb"),
-        stderr=log.open("wb") if stdout_pipe else subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        cwd=REPO,
-        env=env,
-        start_new_session=True,
-    )
+    with log.open("wb") as out:  # the child has its own copy of the descriptor
+        return subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE if stdout_pipe else out,
+            stderr=out if stdout_pipe else subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=REPO,
+            env=env,
+            start_new_session=True,
+        )
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.stdout is not None:
+        proc.stdout.close()
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
