@@ -42,7 +42,20 @@ class EventSplitter:
     and only its first and last LONG bytes are kept, to be read once it ends (`ended`): a long
     event costs no copy and no search but the boundary's, and its memory is bounded by 2 * LONG."""
 
-    __slots__ = ("_cr", "_dropped", "_held", "_keep", "_nl", "_parts", "_tail", "ended", "limit", "passed", "scanned")
+    __slots__ = (
+        "_cr",
+        "_dropped",
+        "_held",
+        "_keep",
+        "_nl",
+        "_parts",
+        "_tail",
+        "ended",
+        "limit",
+        "long",
+        "passed",
+        "scanned",
+    )
 
     def __init__(self, limit: int = DEFAULT_MAX_EVENT_BYTES, keep: bool = True) -> None:
         self._parts: list[bytes] = []
@@ -63,6 +76,9 @@ class EventSplitter:
         """keep=False: bytes of a long event this read brought, to relay before the returned events."""
         self.ended: bytes | None = None
         """keep=False: the head and tail of a long event this read ended (its middle left out)."""
+        self.long = 0
+        """keep=True: the length of the returned bytes' first event when it is long (else 0), so
+        that a reader can look at its head and tail only and leave the whole to the translator."""
 
     def feed(self, chunk: bytes) -> bytes:
         if self._cr:
@@ -74,8 +90,8 @@ class EventSplitter:
                 self._cr = True
             chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         self.scanned += len(chunk)
-        if self.passed or self.ended is not None:
-            self.passed, self.ended = b"", None
+        if self.passed or self.ended is not None or self.long:
+            self.passed, self.ended, self.long = b"", None, 0
         if not self._parts and chunk.endswith(b"\n\n") and len(chunk) <= self.limit:
             return chunk  # the usual read: whole events, nothing held
         end = chunk.rfind(b"\n\n")
@@ -92,6 +108,8 @@ class EventSplitter:
         if self._dropped:
             done = self._end_long(chunk, first, cut)
         elif self._parts:
+            if self._held + first > LONG:
+                self.long = self._held + first
             self._parts.append(chunk[:cut])
             done = b"".join(self._parts)
         else:

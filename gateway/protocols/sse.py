@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any, Final
 
-from gateway.protocols.events import DEFAULT_MAX_EVENT_BYTES, EventSplitter, has, last_object
+from gateway.protocols.events import DEFAULT_MAX_EVENT_BYTES, LONG, EventSplitter, has, last_object
 
 # Final: a compiled module (mypyc) folds these into the code rather than looking each up by name.
 _DATA: Final = b"data:"
@@ -106,7 +106,12 @@ class StreamObserver:
             self._observe_long(split.ended, now)
         if not complete:
             return split.passed if self._whole else chunk
-        drop = self._observe(complete, now)
+        at = split.long  # a long event held whole (for a translator): its head and tail are read
+        if at:
+            self._observe_long(complete[:LONG] + complete[max(LONG, at - LONG) : at], now)
+        drop = self._observe(complete[at:], now) if at < len(complete) else None
+        if drop is not None and at:
+            drop = (drop[0] + at, drop[1] + at)
         if not self._whole:
             return chunk
         if drop is not None and self._strip_usage:
