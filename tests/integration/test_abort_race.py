@@ -1,8 +1,11 @@
 """The abort race against a REAL vLLM (docs/reliability.md, "Leaving a vLLM stream early"): clients
-leave a long stream at random times from 5 ms to 300 ms after sending it, before the first byte as
-well as mid-stream, 120 times; each time the gateway must record the client leaving and close the
-upstream, and vLLM must stop generating (its token counter ends short of max_tokens, and it is idle
-within a second). Bounded: about two minutes on the 2-core CI machine."""
+mean to leave a long stream at random times from 5 ms to 300 ms after sending it, before the first
+byte as well as mid-stream, 120 times. The time that counts is when the socket was actually closed:
+the client runs in the gateway's process, and on a busy 2-core machine it can be descheduled for
+seconds, long enough for vLLM (a tiny model: ~1,000 tokens in about half a second) to finish. Every
+try whose client closed in the first half of a whole answer's time must be recorded as
+client_closed, and vLLM must stop short of the budget and be idle within a second. Bounded: two to
+four minutes on the 2-core CI machine."""
 
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ import pytest
 from tests.integration.gateway_harness import GatewayThread, engine_metric, idle_within, running_gateway
 
 TRIES = 120
-MAX_TOKENS = 2000
+MAX_TOKENS = 1000  # the window is 1024: a larger budget would be clamped, and "all of it" unknowable
 
 
 @pytest.fixture(scope="module")
@@ -32,9 +35,9 @@ def gateway(vllm_server: Any) -> Iterator[GatewayThread]:
         yield gw
 
 
-def _leave_after(gw: GatewayThread, seconds: float) -> int:
-    """Send a long stream on a raw socket, read what comes for `seconds`, then vanish (a reset):
-    the bytes read."""
+def _leave_after(gw: GatewayThread, seconds: float) -> float:
+    """Send a long stream on a raw socket, read what comes for `seconds`, then vanish: how long after
+    sending the socket was in fact closed."""
     host, port = gw.base_url.removeprefix("http://").split(":")
     body = {"model": "tiny", "stream": True, "max_tokens": MAX_TOKENS, "ignore_eos": True}
     body["messages"] = [{"role": "user", "content": "Count on, forever."}]
@@ -42,39 +45,52 @@ def _leave_after(gw: GatewayThread, seconds: float) -> int:
     head = (
         f"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {len(raw)}"
     )
-    got = 0
     with socket.create_connection((host, int(port))) as sock:
         sock.sendall(head.encode() + b"\r\n\r\n" + raw)
-        end = time.monotonic() + seconds
+        sent = time.monotonic()
+        end = sent + seconds
+        tail = b""
         while (left := end - time.monotonic()) > 0:
             sock.settimeout(left)
             try:
                 chunk = sock.recv(65536)
             except TimeoutError:
                 break
-            if not chunk:
+            tail = tail[-16:] + chunk
+            if not chunk or b"[DONE]" in tail:  # the answer's end (the connection is kept alive)
                 break
-            got += len(chunk)
-    return got
+    return time.monotonic() - sent
+
+
+def _outcomes(gw: GatewayThread) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for family in gw.gateway.metrics.registry.collect():
+        for sample in family.samples:
+            if sample.name == "gateway_requests_total":
+                key = sample.labels["outcome"]
+                out[key] = out.get(key, 0.0) + sample.value
+    return out
 
 
 def test_clients_leaving_at_random_times_always_stop_vllm(gateway: GatewayThread, vllm_server: Any) -> None:
     metrics = vllm_server.metrics_url
+
+    def generated() -> float:
+        return engine_metric(metrics, "vllm:generation_tokens_total")
+
+    whole = min(_leave_after(gateway, 120.0) for _ in range(3))  # a whole answer, read to its end
     rng = random.Random(20261202)
-    misses: list[tuple[float, float]] = []
-    slow: list[tuple[float, float]] = []
+    early: list[tuple[float, float, float, dict[str, float]]] = []
     for _ in range(TRIES):
-        delay = rng.uniform(0.005, 0.3)
-        before = engine_metric(metrics, "vllm:generation_tokens_total")
-        left = gateway.metric("gateway_requests_total", outcome="client_closed")
-        _leave_after(gateway, delay)
+        before, outcomes = generated(), _outcomes(gateway)
+        closed = _leave_after(gateway, rng.uniform(0.005, 0.3))
         took = idle_within(lambda: engine_metric(metrics, "vllm:num_requests_running") == 0, timeout=30)
-        generated = engine_metric(metrics, "vllm:generation_tokens_total") - before
+        tokens = generated() - before
         gateway.settle()
-        assert gateway.metric("gateway_requests_total", outcome="client_closed") == left + 1
-        if generated >= MAX_TOKENS:
-            misses.append((delay, generated))
-        elif took > 1.0:
-            slow.append((delay, took))
-    assert not misses, f"vLLM generated every token after the client left at: {misses}"
-    assert not slow, f"vLLM still ran more than 1 s after the client left at: {slow}"
+        after = _outcomes(gateway)
+        changed = {k: v - outcomes.get(k, 0.0) for k, v in after.items() if v != outcomes.get(k, 0.0)}
+        if closed < whole / 2:
+            early.append((closed, tokens, took, changed))
+    assert len(early) >= TRIES // 3, f"too few clients closed in time to say anything ({len(early)})"
+    misses = [e for e in early if e[1] >= MAX_TOKENS or e[2] > 1.0 or e[3] != {"client_closed": 1.0}]
+    assert not misses, f"a whole answer takes {whole:.2f} s; (closed at, tokens, idle after, outcome): {misses}"
