@@ -56,6 +56,7 @@ COMPILED = [
     "gateway/protocols/completions.py",
     "gateway/protocols/dropped.py",
     "gateway/protocols/embeddings.py",
+    "gateway/protocols/events.py",
     "gateway/protocols/frames.py",
     "gateway/protocols/inbound.py",
     "gateway/protocols/messages.py",

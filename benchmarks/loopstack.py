@@ -38,6 +38,8 @@ class Stack:
     sims: subprocess.Popen[bytes]
     sim_urls: list[str]
     workdir: Path
+    sim_pids: tuple[int, ...] = ()
+    """Each simulator process (one per simulator with ``pool_of``), in the order of sim_urls."""
 
     @property
     def pid(self) -> int:
@@ -84,18 +86,21 @@ def metric_sum(text: str, name: str) -> float:
 
 def _spawn(argv: list[str], log: Path, stdout_pipe: bool = False) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": f"{REPO}:{os.environ.get('PYTHONPATH', '')}"}
-    return subprocess.Popen(
-        argv,
-        stdout=subprocess.PIPE if stdout_pipe else log.open("wb"),
-        stderr=log.open("wb") if stdout_pipe else subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        cwd=REPO,
-        env=env,
-        start_new_session=True,
-    )
+    with log.open("wb") as out:  # the child has its own copy of the descriptor
+        return subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE if stdout_pipe else out,
+            stderr=out if stdout_pipe else subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=REPO,
+            env=env,
+            start_new_session=True,
+        )
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.stdout is not None:
+        proc.stdout.close()
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -139,31 +144,44 @@ def running_stack(
     backend_max_in_flight: int | None = None,
     gateway_argv: list[str] | None = None,
     routes: list[dict[str, Any]] | None = None,
+    pool_of: list[str] | None = None,
 ) -> Iterator[Stack]:
     """Start the simulators and a gateway in front of them (one pool, route ``tiny`` unless ``routes``
-    says otherwise); stop both after."""
+    says otherwise; ``pool_of[i]`` names simulator i's pool instead of ``sim``); stop both after."""
     workdir.mkdir(parents=True, exist_ok=True)
-    sims = _spawn(
-        [sys.executable, str(Path(__file__)), "sims", "--count", str(sim_count), "--params", json.dumps(sim_params)],
-        workdir / "sims.log",
-        stdout_pipe=True,
-    )
+    # With pools of their own, each simulator is its own process: one's work never delays another's.
+    groups = [1] * sim_count if pool_of else [sim_count]
+    procs = [
+        _spawn(
+            [sys.executable, str(Path(__file__)), "sims", "--count", str(n), "--params", json.dumps(sim_params)],
+            workdir / f"sims-{i}.log",
+            stdout_pipe=True,
+        )
+        for i, n in enumerate(groups)
+    ]
+    sims = procs[0]
     gateway: subprocess.Popen[bytes] | None = None
     try:
-        assert sims.stdout is not None
-        first = sims.stdout.readline()
-        if not first:
-            raise RuntimeError(f"the simulators did not start:\n{(workdir / 'sims.log').read_text()}")
-        urls: list[str] = json.loads(first)
-        backends: list[dict[str, Any]] = []
+        urls: list[str] = []
+        for i, proc in enumerate(procs):
+            assert proc.stdout is not None
+            first = proc.stdout.readline()
+            if not first:
+                raise RuntimeError(f"the simulators did not start:\n{(workdir / f'sims-{i}.log').read_text()}")
+            urls += json.loads(first)
+        pools: dict[str, dict[str, Any]] = {}
         for i, url in enumerate(urls):
             backend: dict[str, Any] = {"url": url, "name": f"sim-{i}", "model": MODEL}
             if backend_max_in_flight is not None:
                 backend["max_in_flight"] = backend_max_in_flight
-            backends.append(backend)
+            pool = pools.setdefault(
+                pool_of[i] if pool_of else "sim",
+                {"engine": "sim", "flavour": sim_params.get("flavour", "vllm"), "backends": []},
+            )
+            pool["backends"].append(backend)
         config = {
             "server": {"host": "127.0.0.1", "port": 0},
-            "pools": {"sim": {"engine": "sim", "flavour": sim_params.get("flavour", "vllm"), "backends": backends}},
+            "pools": pools,
             "routes": routes or [{"model": MODEL, "pools": ["sim"]}],
             **gateway_sections,
         }
@@ -174,11 +192,12 @@ def running_stack(
         gateway = _spawn([*argv, "serve", "--config", str(path), "--port", "0", "--log-level", "info"], log)
         url = f"http://127.0.0.1:{_gateway_port(log, gateway)}"
         _wait_ready(url, gateway, log)
-        yield Stack(url, gateway, sims, urls, workdir)
+        yield Stack(url, gateway, sims, urls, workdir, tuple(p.pid for p in procs))
     finally:
         if gateway is not None:
             _stop(gateway)
-        _stop(sims)
+        for proc in procs:
+            _stop(proc)
 
 
 async def _serve_sims(count: int, params: dict[str, Any]) -> None:

@@ -109,6 +109,7 @@ def build(
         timeouts.keepalive_s,
         timeouts.first_byte_s,
         config.limits.max_response_bytes,
+        config.limits.max_event_bytes,
     )
     return Gateway(
         config=config,

@@ -163,7 +163,7 @@ async def _stream(api: SimApi, conn: HttpConn, fault: Fault, g: Gen, seq: SimSeq
                     await conn.send_chunk(_GARBAGE)
             last = seq.state == "finished" and sent + 1 == seq.generated
             finish = seq.finish_reason if last and api.flavour.finish_on_last_token else None
-            text = filler_token(sent, fault.accented)
+            text = "x" * fault.huge_event if sent == 0 and fault.huge_event else filler_token(sent, fault.accented)
             await _event(conn, dumps(api.flavour.token_event(g, text, finish)))
             sent += 1
         if seq.state == "finished" and sent >= seq.generated:

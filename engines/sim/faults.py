@@ -12,7 +12,7 @@ from typing import Any, Literal
 FAULT_HEADER = "x-sim-fault"
 
 _FLOATS = ("headers_delay", "first_token_delay", "chunk_delay", "retry_after")
-_INTS = ("stall_after", "die_after", "status", "split", "tokens")
+_INTS = ("stall_after", "die_after", "status", "split", "tokens", "huge_event")
 _FLAGS = ("first_event_error", "never", "garbage", "client_error", "empty_stream", "short_body")
 _CHOICES: dict[str, tuple[str, ...]] = {"die": ("fin", "rst"), "body": ("json", "html", "truncated", "empty")}
 
@@ -41,6 +41,9 @@ class Fault:
       answers with a 500 (a number out of range), so that the adapter, not the status, must judge it.
     - ``empty_stream=1``: a 200 event stream that ends cleanly (the last chunk) without any event.
     - ``short_body=1``: a non-stream 200 whose body stops half-way (Content-Length says more), then FIN.
+    - ``huge_event=N``: a chat or completions stream's first content event carries N bytes of text:
+      one ``data:`` line of N bytes and more, with no line end until its end (a hostile engine).
+      With ``split=1`` and ``chunk_delay`` a stream drips one byte a write instead.
     """
 
     headers_delay: float = 0.0
@@ -60,6 +63,7 @@ class Fault:
     client_error: bool = False
     empty_stream: bool = False
     short_body: bool = False
+    huge_event: int = 0
 
     @property
     def accented(self) -> bool:

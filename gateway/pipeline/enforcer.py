@@ -5,6 +5,7 @@ is a value (the Edits and the prompt's count); the request itself is never chang
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -100,14 +101,20 @@ class CapEnforcer:
         if cap is None and caps.default_max_tokens is None and caps.max_tokens_limit is None:
             return NO_EDITS, count
         prompt, method = estimate, "estimate"
-        if cap is not None and estimate + (inbound.max_tokens or 1) >= cap * (1 - caps.exact_margin):
+        decision = decide(caps, estimate, inbound.max_tokens, window)
+        # The output the request will carry: the gateway's own budget when it sets one. A budget it
+        # fills up to the cap (no max_tokens, or a clamp) leaves no room for the estimate's error, so
+        # it is the engine's exact count that decides then, not the estimate.
+        budget = decision.max_tokens if decision.max_tokens is not None else inbound.max_tokens
+        if cap is not None and estimate + (budget or 1) >= cap * (1 - caps.exact_margin):
             exact = await self.count(backend, model, view)
             if exact is None:
                 method = "estimate_fallback"
+                decision = _spare_margin(decision, cap, prompt, caps.exact_margin)
             else:
                 prompt, method = exact, "exact"
                 count = PromptCount(key, chars, messages, wide, estimate, exact)
-        decision = decide(caps, prompt, inbound.max_tokens, window)
+                decision = decide(caps, prompt, inbound.max_tokens, window)
         edits = NO_EDITS
         if decision.action == "reject" or (cap is not None and prompt > cap):
             if caps.on_exceed == "truncate_oldest" and inbound.messages is not None and cap is not None:
@@ -213,3 +220,12 @@ class CapEnforcer:
         tokens = prompt_tokens if prompt_tokens is not None else count.exact
         if tokens:
             self.estimator.learn(count.key, count.chars, count.messages, tokens)
+
+
+def _spare_margin(decision: CapDecision, cap: int, estimate: int, margin: float) -> CapDecision:
+    """Without the engine's count, a budget the gateway sets keeps `margin` of the estimate free:
+    an estimate that is short by up to that share still fits (a best effort, not a proof)."""
+    if decision.max_tokens is None or decision.action not in ("clamp", "default"):
+        return decision
+    spare = max(1, cap - math.ceil(estimate * (1 + margin)))
+    return CapDecision(decision.action, max_tokens=spare) if decision.max_tokens > spare else decision

@@ -21,6 +21,7 @@ from gateway.pipeline.exchange import Exchange, Outcome
 from gateway.pipeline.headers import SSE, response_headers
 from gateway.policy.caps import engine_truncated
 from gateway.protocols.base import Inbound, ProtocolAdapter, SseObserver, StreamTransform, Target
+from gateway.protocols.events import DEFAULT_MAX_EVENT_BYTES, EventTooLarge
 from gateway.protocols.rename import ModelRename
 from gateway.serving.lifecycle import Lifecycle
 from gateway.upstream import UpstreamResponse
@@ -164,10 +165,12 @@ class Relay:
         keepalive_s: float,
         first_token_s: float,
         max_response_bytes: int = 64 << 20,
+        max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
     ) -> None:
         self._metrics = metrics
         self._passive = passive
         self._max_response_bytes = max_response_bytes
+        self._max_event_bytes = max_event_bytes
         self._lifecycle = lifecycle
         self._accounting = accounting
         self._idle_s = idle_s
@@ -237,6 +240,7 @@ class Relay:
         """Relay a stream. A client leaving, the idle limit and the drain deadline all arrive here as
         a cancellation from the request's owner, which knows why; this only closes the upstream."""
         observer = protocol.observer(inbound, edits, target)
+        observer.limit_events(self._max_event_bytes)
         transform = protocol.stream_transform(inbound, target)
         if transform is None and target.native and ex.served_model is not None:
             transform = ModelRename(ex.served_model, inbound.model)
@@ -305,6 +309,10 @@ class Relay:
         except StreamCut as cut:
             resp.close()
             await self.cut(ex, send, protocol, cut)
+        except EventTooLarge as exc:  # the engine misbehaves: cut it off, and count it against the backend
+            resp.close()
+            message = f"Backend {ex.backend_name} sent an event longer than {exc.limit} bytes."
+            await self.cut(ex, send, protocol, StreamCut("upstream_error_midstream", message))
         except (UpstreamError, UpstreamTimeout) as exc:  # a read failed mid-stream (mapped in upstream.py)
             resp.close()
             await self.cut(ex, send, protocol, StreamCut("upstream_error_midstream", exc.message))

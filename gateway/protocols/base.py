@@ -76,9 +76,15 @@ class SseObserver(Protocol):
     gaps: list[float]
     together: int  # content events that came in the same read as the one before them: 0 s apart
 
-    def feed(self, chunk: bytes, now: float) -> bytes: ...
+    def feed(self, chunk: bytes, now: float) -> bytes:
+        """Raises EventTooLarge (protocols/events.py) for an event past the limit."""
+        ...
 
     def flush(self) -> bytes: ...
+
+    def limit_events(self, max_bytes: int) -> None:
+        """The longest event the upstream may send (limits.max_event_bytes)."""
+        ...
 
 
 class StreamTransform(Protocol):

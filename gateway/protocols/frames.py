@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from gateway.protocols.events import DEFAULT_MAX_EVENT_BYTES, EventSplitter
+
 _DONE = b"[DONE]"
 
 
@@ -13,25 +15,21 @@ class DataFrames:
     """Feed it raw chunks; it returns the ``data`` payload of each event completed so far (multi-line
     data joined with newlines, as the SSE spec says). Comments and other fields are dropped."""
 
-    __slots__ = ("_carry",)
+    __slots__ = ("_split",)
 
     def __init__(self) -> None:
-        self._carry = b""
+        # Fed whole events by the relay's observer, which bounds their size; it holds none itself then.
+        self._split = EventSplitter(DEFAULT_MAX_EVENT_BYTES)
 
     def feed(self, chunk: bytes) -> list[bytes]:
-        data = self._carry + chunk if self._carry else chunk
-        if b"\r" in data:
-            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-        end = data.rfind(b"\n\n")
-        if end < 0:
-            self._carry = data
+        data = self._split.feed(chunk)
+        if not data:
             return []
-        self._carry = data[end + 2 :]
-        return [p for p in (_payload(event) for event in data[:end].split(b"\n\n")) if p is not None]
+        return [p for p in (_payload(event) for event in data[:-2].split(b"\n\n")) if p is not None]
 
     def flush(self) -> list[bytes]:
         """The last event when the stream ended without its blank line."""
-        rest, self._carry = self._carry, b""
+        rest = self._split.flush()
         payload = _payload(rest.strip(b"\n")) if rest.strip() else None
         return [payload] if payload is not None else []
 

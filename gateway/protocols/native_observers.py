@@ -2,12 +2,15 @@
 token time and gaps from the protocol's own content events, the final usage (as chat's
 prompt/completion token names), the end event and a leading error. The interface of
 gateway/protocols/sse.py's StreamObserver. Cheap: the event name comes from its ``event:`` line (vLLM,
-llama.cpp and SGLang all send one); JSON is parsed only for the usage and error events."""
+llama.cpp and SGLang all send one); JSON is parsed only for the usage and error events. Events are cut
+from the reads by an EventSplitter (events.py): each byte searched once, each event's size bounded."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
+
+from gateway.protocols.events import DEFAULT_MAX_EVENT_BYTES, EventSplitter, last_object
 
 _EVENT = b"event:"
 _DATA = b"data:"
@@ -49,9 +52,9 @@ class NativeObserver:
     Anthropic's cached input too), so accounting treats every protocol alike."""
 
     __slots__ = (
-        "_carry",
         "_hold",
         "_roles",
+        "_split",
         "content_events",
         "done",
         "error",
@@ -66,7 +69,7 @@ class NativeObserver:
     def __init__(self, roles: dict[bytes, str], hold: bool = False) -> None:
         self._roles = roles
         self._hold = hold
-        self._carry = b""
+        self._split = EventSplitter(DEFAULT_MAX_EVENT_BYTES, keep=False)
         self.events = 0
         self.content_events = 0
         self.done = False
@@ -93,26 +96,28 @@ class NativeObserver:
     def responses(cls) -> NativeObserver:
         return cls(RESPONSES_EVENTS)
 
+    def limit_events(self, max_bytes: int) -> None:
+        """Refuse (EventTooLarge, from feed) an event longer than this (limits.max_event_bytes)."""
+        self._split.limit = max_bytes
+
     def feed(self, chunk: bytes, now: float) -> bytes:
-        data = self._carry + chunk if self._carry else chunk
-        if b"\r" in data:
-            data = data.replace(b"\r\n", b"\n")
-        end = data.rfind(b"\n\n")
-        if end < 0:
-            self._carry = data
-            return chunk
-        self._carry = data[end + 2 :]
-        for event in data[:end].split(b"\n\n"):
-            if event:
-                self._observe(event, now)
+        complete = self._split.feed(chunk)
+        if self._split.ended is not None:
+            self._observe(self._split.ended, now, long=True)
+        if complete:
+            for event in complete[:-2].split(b"\n\n"):
+                if event:
+                    self._observe(event, now)
         return chunk
 
     def flush(self) -> bytes:
         """Nothing is held back (the bytes pass as they come); the interface of StreamObserver."""
-        self._carry = b""
+        self._split.flush()
         return b""
 
-    def _observe(self, event: bytes, now: float) -> None:
+    def _observe(self, event: bytes, now: float, long: bool = False) -> None:
+        """One event; a `long` one is only its head and tail (not JSON): its usage is read from its
+        end, and it is never an error the client could be shown."""
         if _DATA not in event:
             return
         self.events += 1
@@ -128,10 +133,12 @@ class NativeObserver:
         elif role == "done":
             self.done = True
         elif role == "usage":
-            self._anthropic_usage(_decode(event))
+            self._anthropic_usage(_long_usage(event) if long else _decode(event))
         elif role == "final":
             self.done = True
-            self._responses_final(_decode(event))
+            self._responses_final({"response": _long_usage(event)} if long else _decode(event))
+        elif role == "error" and self.error is None and long:
+            self.error = {"error": {"message": "unreadable error event"}}
         elif role == "error" and self.error is None:
             self.error = _decode(event) or {"error": {"message": "unreadable error event"}}
             inner = self.error.get("error")
@@ -181,6 +188,11 @@ def _decode(event: bytes) -> dict[str, Any] | None:
     except ValueError:
         return None
     return value if isinstance(value, dict) else None
+
+
+def _long_usage(sample: bytes) -> dict[str, Any]:
+    usage = last_object(sample, b"usage")
+    return {"usage": usage} if usage is not None else {}
 
 
 def _int(value: Any) -> int:

@@ -3,12 +3,15 @@ carry content, [DONE], the final usage and a leading error event. It never re-en
 
 Cost matters: this runs for every read of every stream, so it works on the whole read with a few
 byte searches and counts; it never splits a read into events, and it JSON-decodes only the usage
-event (the last one that has usage in a read) and a leading error event."""
+event (the last one that has usage in a read) and a leading error event. An unfinished event is
+held by an EventSplitter (events.py), which searches each byte once and bounds the event's size."""
 
 from __future__ import annotations
 
 import json
 from typing import Any, Final
+
+from gateway.protocols.events import DEFAULT_MAX_EVENT_BYTES, LONG, EventSplitter, has, last_object
 
 # Final: a compiled module (mypyc) folds these into the code rather than looking each up by name.
 _DATA: Final = b"data:"
@@ -44,13 +47,6 @@ def content_count(data: bytes, text: bool = False, tools: bool = True) -> int:
     return n
 
 
-def has(data: bytes, marker: bytes) -> bool:
-    """`marker in data`, at a third of its cost where the marker is absent (CPython 3.11's bytes
-    `in` first tries the marker as an int, and makes and drops a TypeError each time; `find` and
-    `count` parse their arguments from a tuple; `partition` takes one argument as it is)."""
-    return bool(data.partition(marker)[1])
-
-
 class StreamObserver:
     """Feed it upstream reads; it returns the bytes to relay.
 
@@ -61,8 +57,7 @@ class StreamObserver:
     protocol that translates the stream, event by event, needs them)."""
 
     __slots__ = (
-        "_carry",
-        "_crlf",
+        "_split",
         "_strip_usage",
         "_text",
         "_tools",
@@ -79,8 +74,8 @@ class StreamObserver:
     )
 
     def __init__(self, strip_usage: bool, whole_events: bool = False, text: bool = False, tools: bool = True) -> None:
-        self._carry = b""
-        self._crlf: bool | None = None
+        # Only a translator needs a long event whole; relayed, its bytes go out as they come.
+        self._split = EventSplitter(DEFAULT_MAX_EVENT_BYTES, keep=whole_events and not strip_usage)
         self._strip_usage = strip_usage
         self._whole = strip_usage or whole_events
         self._text = text
@@ -100,30 +95,40 @@ class StreamObserver:
         client that reads per event sees them (and vLLM's per-token histogram counts them). Kept as
         a count, not as zeros in `gaps`: a fast stream can bring dozens of events in one read."""
 
+    def limit_events(self, max_bytes: int) -> None:
+        """Refuse (EventTooLarge, from feed) an event longer than this (limits.max_event_bytes)."""
+        self._split.limit = max_bytes
+
     def feed(self, chunk: bytes, now: float) -> bytes:
-        data = self._carry + chunk if self._carry else chunk
-        if self._crlf is None:  # an engine ends lines one way: the first line end tells which
-            first = data.find(b"\n")  # memchr; a two-byte search would scan a long first read
-            if first >= 0:
-                self._crlf = first > 0 and data[first - 1] == 0x0D
-        if self._crlf:
-            data = data.replace(b"\r\n", b"\n")
-        if data.endswith(b"\n\n"):  # the usual read: whole events (a native test, compiled)
-            self._carry = b""
-            complete = data
-        else:
-            end = data.rfind(b"\n\n")
-            if end < 0:
-                self._carry = data
-                return b"" if self._whole else chunk
-            self._carry = data[end + 2 :]
-            complete = data[: end + 2]
-        drop = self._observe(complete, now)
+        split = self._split
+        complete = split.feed(chunk)
+        if split.ended is not None:
+            self._observe_long(split.ended, now)
+        if not complete:
+            return split.passed if self._whole else chunk
+        at = split.long  # a long event held whole (for a translator): its head and tail are read
+        if at:
+            self._observe_long(complete[:LONG] + complete[max(LONG, at - LONG) : at], now)
+        drop = self._observe(complete[at:], now) if at < len(complete) else None
+        if drop is not None and at:
+            drop = (drop[0] + at, drop[1] + at)
         if not self._whole:
             return chunk
-        if drop is None or not self._strip_usage:
-            return complete
-        return complete[: drop[0]] + complete[drop[1] :]
+        if drop is not None and self._strip_usage:
+            complete = complete[: drop[0]] + complete[drop[1] :]
+        return split.passed + complete if split.passed else complete
+
+    def _observe_long(self, sample: bytes, now: float) -> None:
+        """A long event (its head and tail): a content event, or at most the usage at its end; never
+        an error, [DONE] or the usage-only event, which are short."""
+        if not self.seen and (sample.startswith(_DATA) or has(sample, _LINE_DATA)):
+            self.seen = True
+        if content_count(sample, self._text, self._tools):
+            self._content(1, now)
+        if has(sample, _USAGE):
+            usage = last_object(sample, b"usage")
+            if usage is not None:
+                self.usage = usage
 
     def _observe(self, data: bytes, now: float) -> tuple[int, int] | None:
         """Account for whole events; the span of a usage-only event in them, if there is one.
@@ -143,6 +148,11 @@ class StreamObserver:
             drop = self._end_events(data)
         found = content_count(data, self._text, self._tools)
         if found:
+            self._content(found, now)
+        return drop
+
+    def _content(self, found: int, now: float) -> None:
+        if found:
             if self.first_token_at is None:
                 self.first_token_at = now
             else:
@@ -151,7 +161,6 @@ class StreamObserver:
             self.last_token_at = now
             self.content_events += found
             self.together += found - 1
-        return drop
 
     def _end_events(self, data: bytes) -> tuple[int, int] | None:
         """[DONE] and the usage in the read's last two events; the usage-only event's span."""
@@ -189,7 +198,7 @@ class StreamObserver:
 
     def flush(self) -> bytes:
         """Bytes still held back when the upstream ended (only in strip mode)."""
-        rest, self._carry = self._carry, b""
+        rest = self._split.flush()
         return rest if self._whole else b""
 
 
