@@ -42,7 +42,9 @@ async def test_leave_mid_stream(make_stack: StackFactory) -> None:
 
 async def test_leave_while_waiting_for_first_byte(make_stack: StackFactory) -> None:
     stack = await make_stack()
-    task = asyncio.create_task(leave_after(stack, chat(stream=True), 0, "headers_delay=5"))
+    # max_tokens set: a budget the gateway chose would be counted by the engine first, and the fault
+    # delays that count too.
+    task = asyncio.create_task(leave_after(stack, chat(stream=True, max_tokens=16), 0, "headers_delay=5"))
     sim = stack.sims["vllm-0"]
     await sim.wait_until(lambda s: s.active == 1, timeout=2)
     await task
@@ -65,7 +67,7 @@ async def test_leave_after_a_large_body_while_waiting_for_first_byte(make_stack:
     """A body over uvicorn's 64 KiB read-ahead: the server had stopped reading the socket, and with no
     listener calling receive() the client's close was never seen (the engine went on)."""
     stack = await make_stack()
-    body = chat(stream=True, pad="x" * 300_000)  # a field the gateway passes on and the engine ignores
+    body = chat(stream=True, max_tokens=16, pad="x" * 300_000)  # pad: passed on, ignored by the engine
     task = asyncio.create_task(leave_after(stack, body, 0, "headers_delay=5"))
     sim = stack.sims["vllm-0"]
     await sim.wait_until(lambda s: s.active == 1, timeout=2)
