@@ -309,9 +309,10 @@ class Relay:
         except StreamCut as cut:
             resp.close()
             await self.cut(ex, send, protocol, cut)
-        except EventTooLarge as exc:  # the engine misbehaves: cut it off, and count it against the backend
+        except EventTooLarge as too_large:  # the engine misbehaves: cut it off, and count it against the backend
+            # (its own name: mypyc types an `as` name once per function, by its first except clause)
             resp.close()
-            message = f"Backend {ex.backend_name} sent an event longer than {exc.limit} bytes."
+            message = f"Backend {ex.backend_name} sent an event longer than {too_large.limit} bytes."
             await self.cut(ex, send, protocol, StreamCut("upstream_error_midstream", message))
         except (UpstreamError, UpstreamTimeout) as exc:  # a read failed mid-stream (mapped in upstream.py)
             resp.close()
