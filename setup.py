@@ -24,7 +24,6 @@ COMPILED = [
     "gateway/deadlines.py",
     "gateway/metric_types.py",
     "gateway/metrics.py",
-    "gateway/upstream_connection.py",
     "gateway/access/gate.py",
     "gateway/access/keys.py",
     "gateway/access/limiter.py",
@@ -33,7 +32,6 @@ COMPILED = [
     "gateway/pipeline/accounting.py",
     "gateway/pipeline/admission.py",
     "gateway/pipeline/attempts.py",
-    "gateway/pipeline/edits.py",
     "gateway/pipeline/endpoint.py",
     "gateway/pipeline/enforcer.py",
     "gateway/pipeline/exchange.py",
@@ -55,6 +53,7 @@ COMPILED = [
     "gateway/protocols/chat.py",
     "gateway/protocols/completions.py",
     "gateway/protocols/dropped.py",
+    "gateway/protocols/edits.py",
     "gateway/protocols/embeddings.py",
     "gateway/protocols/events.py",
     "gateway/protocols/frames.py",
@@ -74,6 +73,7 @@ COMPILED = [
     "gateway/protocols/responses_translate.py",
     "gateway/protocols/sse.py",
     "gateway/protocols/tokenize.py",
+    "gateway/upstream/connection.py",
 ]
 
 

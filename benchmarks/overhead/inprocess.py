@@ -47,8 +47,8 @@ class _Connection:
 
 
 def _install(completion: bytes, stream: bytes) -> None:
-    from gateway import upstream
-    from gateway.upstream_pool import ConnectionPool
+    from gateway.upstream import client as upstream
+    from gateway.upstream.pool import ConnectionPool
 
     chunks = [stream[i : i + 4096] for i in range(0, len(stream), 4096)]
     pool = ConnectionPool()
@@ -100,7 +100,7 @@ async def _one(app: Any, path: str, body: bytes, never: asyncio.Event) -> int:
 
 
 async def _main(args: argparse.Namespace) -> None:
-    from gateway.app import create_app
+    from gateway.app.build import create_app
     from gateway.config_loader import load_config
 
     _install(bodies.completion(), bodies.stream(200))

@@ -7,50 +7,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-from urllib.parse import urlsplit, urlunsplit
 
-from engines.base import EngineAdapter
-from gateway.config import BackendConfig
-
-if TYPE_CHECKING:
-    from gateway.fleet.registry import Backend, Registry
+from gateway.fleet.registry import Backend, Discovered, Registry
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(eq=False)
-class Discovered:
-    """A `discover: true` backend entry: its members are the addresses its host name resolves to."""
-
-    pool: str
-    base: str
-    config: BackendConfig
-    adapter: EngineAdapter
-    members: dict[str, Backend] = field(default_factory=dict)
-    """address -> the backend made for it"""
-
-    @property
-    def host(self) -> str:
-        return urlsplit(self.config.url).hostname or ""
-
-    @property
-    def port(self) -> int:
-        url = urlsplit(self.config.url)
-        return url.port or (443 if url.scheme == "https" else 80)
-
-    @staticmethod
-    def suffix(address: str) -> str:
-        return address.replace(":", "-")
-
-    def member_name(self, address: str) -> str:
-        return f"{self.base}-{self.suffix(address)}"
-
-    def url_for(self, address: str) -> str:
-        url = urlsplit(self.config.url.rstrip("/"))
-        host = f"[{address}]" if ":" in address else address
-        return urlunsplit((url.scheme, f"{host}:{self.port}", url.path, "", ""))
 
 
 def apply_discovery(registry: Registry, entry: Discovered, addresses: list[str]) -> tuple[list[Backend], list[Backend]]:

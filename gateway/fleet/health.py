@@ -15,7 +15,7 @@ from gateway.fleet.catalog import ModelCatalog
 from gateway.fleet.discovery import apply_discovery, resolve
 from gateway.fleet.registry import Backend, Registry
 from gateway.metrics import GatewayMetrics
-from gateway.upstream import UpstreamClient
+from gateway.upstream.client import UpstreamClient
 
 log = logging.getLogger(__name__)
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit, urlunsplit
 
 from engines.adapters import adapter_for
 from engines.base import EngineAdapter, EngineLoad, ServedModel
-from gateway.config import GatewayConfig, backend_name
-from gateway.fleet.discovery import Discovered
+from gateway.config import BackendConfig, GatewayConfig, backend_name
 from gateway.policy.balancer import Candidate
 from gateway.policy.models import EMPTY_INDEX, ModelIndex, build_index
 
@@ -80,6 +80,40 @@ class Backend:
             max_in_flight=self.max_in_flight,
             ramp=ramp,
         )
+
+
+@dataclass(eq=False)
+class Discovered:
+    """A `discover: true` backend entry: its members are the addresses its host name resolves to
+    (fleet/discovery.py keeps them current)."""
+
+    pool: str
+    base: str
+    config: BackendConfig
+    adapter: EngineAdapter
+    members: dict[str, Backend] = field(default_factory=dict)
+    """address -> the backend made for it"""
+
+    @property
+    def host(self) -> str:
+        return urlsplit(self.config.url).hostname or ""
+
+    @property
+    def port(self) -> int:
+        url = urlsplit(self.config.url)
+        return url.port or (443 if url.scheme == "https" else 80)
+
+    @staticmethod
+    def suffix(address: str) -> str:
+        return address.replace(":", "-")
+
+    def member_name(self, address: str) -> str:
+        return f"{self.base}-{self.suffix(address)}"
+
+    def url_for(self, address: str) -> str:
+        url = urlsplit(self.config.url.rstrip("/"))
+        host = f"[{address}]" if ":" in address else address
+        return urlunsplit((url.scheme, f"{host}:{self.port}", url.path, "", ""))
 
 
 class Registry:

@@ -11,7 +11,7 @@ from gateway.config import HealthConfig
 from gateway.errors import GatewayError
 from gateway.fleet.registry import Backend, Registry
 from gateway.metrics import GatewayMetrics
-from gateway.upstream import UpstreamClient
+from gateway.upstream.client import UpstreamClient
 
 log = logging.getLogger(__name__)
 

@@ -23,14 +23,14 @@ from gateway.fleet.health import PassiveHealth
 from gateway.fleet.registry import Backend
 from gateway.metrics import GatewayMetrics
 from gateway.pipeline.accounting import Accounting
-from gateway.pipeline.edits import Edits
 from gateway.pipeline.exchange import Exchange
 from gateway.pipeline.headers import for_backend
 from gateway.pipeline.relay import IdleEnd, Relay
 from gateway.pipeline.router import Plan, Router
 from gateway.protocols.base import Inbound, ProtocolAdapter
 from gateway.protocols.dropped import KNOWN_DROPPED
-from gateway.upstream import UpstreamClient, UpstreamResponse, UpstreamTooLarge, error_kind
+from gateway.protocols.edits import Edits
+from gateway.upstream.client import UpstreamClient, UpstreamResponse, UpstreamTooLarge, error_kind
 
 _MAX_ERROR_BODY = 64 * 1024
 

@@ -37,12 +37,12 @@ from gateway.pipeline.attempts import Attempts
 from gateway.pipeline.enforcer import NO_PROMPT, CapEnforcer, PromptCount
 from gateway.pipeline.exchange import Exchange, Outcome
 from gateway.pipeline.headers import error_headers, upstream_headers
+from gateway.pipeline.lifecycle import Lifecycle
 from gateway.pipeline.relay import EndReason, Relay, StreamCut
 from gateway.pipeline.router import Plan, Router
 from gateway.policy.fairqueue import Ticket
 from gateway.protocols.base import Inbound, ProtocolAdapter
 from gateway.protocols.response_store import ResponseStore, not_found_body
-from gateway.serving.lifecycle import Lifecycle
 
 log = logging.getLogger(__name__)
 

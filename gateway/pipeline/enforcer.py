@@ -14,7 +14,6 @@ from gateway.config import RouteConfig
 from gateway.errors import ContextLengthExceeded, GatewayError
 from gateway.fleet.registry import Backend
 from gateway.metrics import GatewayMetrics
-from gateway.pipeline.edits import NO_EDITS, Edits
 from gateway.policy.caps import (
     PER_MESSAGE_TOKENS,
     CapDecision,
@@ -28,7 +27,8 @@ from gateway.policy.caps import (
     truncate_oldest,
 )
 from gateway.protocols.base import Inbound
-from gateway.upstream import UpstreamClient
+from gateway.protocols.edits import NO_EDITS, Edits
+from gateway.upstream.client import UpstreamClient
 from gateway.value import value
 
 log = logging.getLogger(__name__)

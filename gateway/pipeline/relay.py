@@ -16,15 +16,15 @@ from gateway.fleet.health import PassiveHealth
 from gateway.fleet.registry import Backend
 from gateway.metrics import GatewayMetrics
 from gateway.pipeline.accounting import Accounting, prompt_tokens
-from gateway.pipeline.edits import Edits
 from gateway.pipeline.exchange import Exchange, Outcome
 from gateway.pipeline.headers import SSE, response_headers
+from gateway.pipeline.lifecycle import Lifecycle
 from gateway.policy.caps import engine_truncated
 from gateway.protocols.base import Inbound, ProtocolAdapter, SseObserver, StreamTransform, Target
+from gateway.protocols.edits import Edits
 from gateway.protocols.events import DEFAULT_MAX_EVENT_BYTES, EventTooLarge
 from gateway.protocols.rename import ModelRename
-from gateway.serving.lifecycle import Lifecycle
-from gateway.upstream import UpstreamResponse
+from gateway.upstream.client import UpstreamResponse
 
 EndReason = Literal["client_left", "idle_limit"]
 """Why the request's owner ended a request early (the drain deadline comes from the server)."""

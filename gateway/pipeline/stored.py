@@ -15,7 +15,7 @@ from gateway.errors import EngineError, GatewayError, NoHealthyBackend
 from gateway.fleet.registry import Registry
 from gateway.pipeline.headers import for_backend, upstream_headers
 from gateway.protocols.response_store import ResponseStore, not_found_body
-from gateway.upstream import UpstreamClient
+from gateway.upstream.client import UpstreamClient
 
 _MAX_BYTES = 16 << 20
 

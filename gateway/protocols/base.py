@@ -9,7 +9,7 @@ from typing import Any, Literal, Protocol
 
 from gateway.config import LimitsConfig
 from gateway.errors import GatewayError
-from gateway.pipeline.edits import Edits
+from gateway.protocols.edits import Edits
 from gateway.value import value
 
 Api = Literal["chat", "completions", "embeddings", "messages", "responses", "tokenize", "detokenize"]

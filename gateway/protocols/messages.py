@@ -13,10 +13,10 @@ from mypy_extensions import mypyc_attr
 from engines.adapters import ADAPTERS
 from gateway.config import LimitsConfig
 from gateway.errors import GatewayError, InvalidRequest, UpstreamError
-from gateway.pipeline.edits import NO_EDITS, Edits, apply_edits, needs_encoding
 from gateway.protocols.anthropic_errors import error_body, error_body_bytes, from_gateway_error
 from gateway.protocols.base import Api, Inbound, SseObserver, StreamTransform, Target
 from gateway.protocols.dropped import Dropped
+from gateway.protocols.edits import NO_EDITS, Edits, apply_edits, needs_encoding
 from gateway.protocols.frames import encode_event
 from gateway.protocols.inbound import STEERING_FIELDS, _length_limit, decode_json
 from gateway.protocols.messages_native import fix_native

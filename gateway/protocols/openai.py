@@ -11,8 +11,8 @@ from mypy_extensions import mypyc_attr
 
 from gateway.config import LimitsConfig
 from gateway.errors import GatewayError
-from gateway.pipeline.edits import NO_EDITS, Edits, apply_edits, needs_encoding
 from gateway.protocols.base import Api, Inbound, SseObserver, StreamTransform, Target
+from gateway.protocols.edits import NO_EDITS, Edits, apply_edits, needs_encoding
 from gateway.protocols.inbound import Kind, parse_request
 from gateway.protocols.sse import StreamObserver
 

@@ -13,9 +13,9 @@ from typing import Any
 from engines.adapters import adapter_for
 from gateway.config import LimitsConfig
 from gateway.errors import GatewayError, InvalidRequest
-from gateway.pipeline.edits import NO_EDITS, Edits, apply_edits, needs_encoding
 from gateway.protocols.base import Api, Inbound, SseObserver, StreamTransform, Target
 from gateway.protocols.dropped import Dropped
+from gateway.protocols.edits import NO_EDITS, Edits, apply_edits, needs_encoding
 from gateway.protocols.inbound import STEERING_FIELDS, check_model, decode_json, positive_int
 from gateway.protocols.native_observers import NativeObserver
 from gateway.protocols.response_store import find_response_id

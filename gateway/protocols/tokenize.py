@@ -11,8 +11,8 @@ from typing import Any, Literal
 from engines.adapters import adapter_for
 from gateway.config import LimitsConfig
 from gateway.errors import GatewayError, InvalidRequest
-from gateway.pipeline.edits import NO_EDITS, Edits
 from gateway.protocols.base import Api, Inbound, SseObserver, StreamTransform, Target
+from gateway.protocols.edits import NO_EDITS, Edits
 from gateway.protocols.inbound import STEERING_FIELDS, check_model, decode_json
 from gateway.protocols.sse import StreamObserver
 

@@ -20,13 +20,13 @@ from typing import Any
 import uvicorn
 
 from gateway import accesslog
-from gateway.app import Gateway, GatewayApp, create_app
+from gateway.app.banner import model_lines
+from gateway.app.build import Gateway, GatewayApp, create_app
+from gateway.app.routes import model_entries
 from gateway.config import GatewayConfig
 from gateway.config_loader import ConfigError, load_config
 from gateway.policy.rules import Platform
-from gateway.serving.banner import model_lines
 from gateway.serving.protocol import protocol_class
-from gateway.serving.routes import model_entries
 
 log = logging.getLogger(__name__)
 

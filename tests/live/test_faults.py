@@ -7,7 +7,7 @@ import json
 import httpx
 import pytest
 
-from gateway.upstream import UpstreamResponse
+from gateway.upstream.client import UpstreamResponse
 from tests.live.conftest import StackFactory, chat, sim_params, sse_events
 
 pytestmark = pytest.mark.live

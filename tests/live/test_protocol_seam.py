@@ -12,10 +12,10 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.app import GatewayApp
-from gateway.pipeline.edits import Edits
+from gateway.app.build import GatewayApp
 from gateway.pipeline.endpoint import CompletionEndpoint
 from gateway.protocols.base import Inbound, SseObserver, StreamTransform, Target
+from gateway.protocols.edits import Edits
 from gateway.protocols.openai import OpenAIProtocol
 from gateway.protocols.sse import StreamObserver
 from tests.live.conftest import Stack, StackFactory, content_of, sse_events

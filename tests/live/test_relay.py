@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.upstream import UpstreamResponse
+from gateway.upstream.client import UpstreamResponse
 from tests.live.conftest import StackFactory, chat, content_of, sim_params, small_window_request, sse_events
 
 pytestmark = pytest.mark.live

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from engines.sim.server import SimServer
-from gateway.app import GatewayApp
+from gateway.app.build import GatewayApp
 from gateway.config_loader import parse_config
 from tests.live.conftest import StackFactory, chat, content_of, sim_params, sse_events
 from tests.live.test_demo import free_port

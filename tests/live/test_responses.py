@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.app import GatewayApp
+from gateway.app.build import GatewayApp
 from gateway.config_loader import parse_config
 from tests.live.conftest import Stack, StackFactory, raw_request, sim_params
 

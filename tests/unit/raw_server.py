@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from typing import Any, Protocol, TypeVar
 
 from gateway.config import TimeoutsConfig
-from gateway.upstream import UpstreamClient
+from gateway.upstream.client import UpstreamClient
 
 
 class RawServer:

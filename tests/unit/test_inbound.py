@@ -143,7 +143,7 @@ def test_commas_and_brackets_inside_strings_are_not_nodes() -> None:
 def test_every_engines_length_field_is_read_and_rewritten() -> None:
     """docs/reliability.md defect 6: the caps see the largest output length in any engine's field,
     and a max_tokens edit writes every field the client set."""
-    from gateway.pipeline.edits import Edits, apply_edits
+    from gateway.protocols.edits import Edits, apply_edits
 
     msgs = [{"role": "user", "content": "hi"}]
     inbound = parse({"model": "m", "messages": msgs, "max_tokens": 4, "n_predict": 50, "max_new_tokens": 9})

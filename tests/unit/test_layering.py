@@ -112,20 +112,20 @@ def test_pure_modules_elsewhere_do_no_io(path: str) -> None:
 
 
 def test_one_composition_root() -> None:
-    """Only app.py builds the long-lived objects; no module keeps a mutable global registry."""
+    """Only app/build.py builds the long-lived objects; no module keeps a mutable global registry."""
     builders = [p for p in (ROOT / "gateway").rglob("*.py") if "GatewayMetrics()" in p.read_text()]
-    assert {p.relative_to(ROOT / "gateway").as_posix() for p in builders} <= {"app.py", "tools/explain.py"}
+    assert {p.relative_to(ROOT / "gateway").as_posix() for p in builders} <= {"app/build.py", "tools/explain.py"}
 
 
 def test_the_upstream_client_has_one_boundary() -> None:
     """One boundary for the connection's own errors (httpx's map_httpcore_exceptions pattern): only
-    upstream.py and its pool see upstream_connection; nothing on the serving path uses aiohttp
+    upstream/client.py and its pool see upstream/connection.py; nothing on the serving path uses aiohttp
     (`gateway bench` is a load client of its own, not the serving path)."""
     modules = [p for p in (ROOT / "gateway").rglob("*.py")]
     aiohttp_users = {p.relative_to(ROOT).as_posix() for p in modules if "aiohttp" in imports(p)}
     assert {u for u in aiohttp_users if not u.startswith("gateway/bench/")} == set()
-    connection_users = {p.relative_to(ROOT).as_posix() for p in modules if "gateway.upstream_connection" in imports(p)}
-    assert connection_users == {"gateway/upstream.py", "gateway/upstream_pool.py"}
+    connection_users = {p.relative_to(ROOT).as_posix() for p in modules if "gateway.upstream.connection" in imports(p)}
+    assert connection_users == {"gateway/upstream/client.py", "gateway/upstream/pool.py"}
 
 
 def test_only_the_endpoint_uncancels() -> None:
@@ -140,3 +140,81 @@ def test_the_pipeline_has_no_protocol_branches() -> None:
         text = path.read_text()
         for name in ("chat", "completions", "embeddings", "messages", "responses"):
             assert f'== "{name}"' not in text and f'!= "{name}"' not in text, f"{path.name} branches on {name}"
+
+
+# Every top-level module and folder of gateway/, lowest first: a unit may import its own layer and the
+# layers below it, never one above. engines/ is below everything (it never imports gateway/).
+LAYERS: list[set[str]] = [
+    {"engines", "value", "errors", "asgi", "deadlines", "metric_types", "accesslog"},
+    {"config", "metrics"},
+    {"config_loader", "policy"},
+    {"hostinfo", "protocols", "upstream", "access"},
+    {"fleet"},
+    {"pipeline"},
+    {"app"},
+    {"serving"},
+    {"tools", "bench"},
+    {"cli"},
+]
+LAYER_OF = {unit: rank for rank, layer in enumerate(LAYERS) for unit in layer}
+
+
+def _module_name(path: Path) -> str:
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+
+
+def _unit(module: str) -> str | None:
+    """The layering unit of a module of ours: `engines`, or gateway's top-level module or folder."""
+    parts = module.split(".")
+    if parts[0] == "engines":
+        return "engines"
+    return parts[1] if parts[0] == "gateway" and len(parts) > 1 else None
+
+
+def _gateway_modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in (ROOT / "gateway").rglob("*.py")}
+
+
+def test_every_folder_has_a_layer() -> None:
+    units = {u for name in _gateway_modules() if (u := _unit(name)) is not None}
+    assert units <= set(LAYER_OF), f"place {sorted(units - set(LAYER_OF))} in LAYERS"
+
+
+@pytest.mark.parametrize("path", [p for p in _files("gateway") if p != "gateway/__init__.py"])
+def test_no_import_reaches_a_higher_layer(path: str) -> None:
+    own = _unit(_module_name(ROOT / path))
+    assert own is not None
+    upward = {m for m in imports(ROOT / path) if (u := _unit(m)) is not None and LAYER_OF.get(u, 0) > LAYER_OF[own]}
+    assert not upward, f"{path} (layer of {own}) imports {upward} from a higher layer"
+
+
+def test_no_import_cycle_between_modules() -> None:
+    """Type-only imports count too: a cycle of them is a sign two modules are one."""
+    modules = _gateway_modules()
+    graph = {name: {m for m in imports(path) if m in modules and m != name} for name, path in modules.items()}
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def cycle_from(node: str, trail: list[str]) -> list[str] | None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return [*trail[trail.index(nxt) :], nxt] if nxt in trail else [*trail, nxt]
+            if nxt not in state and (found := cycle_from(nxt, [*trail, nxt])):
+                return found
+        state[node] = 2
+        return None
+
+    for name in sorted(graph):
+        if name not in state:
+            found = cycle_from(name, [name])
+            assert found is None, " -> ".join(found)
+
+
+def test_only_serving_knows_the_http_server() -> None:
+    users = {p for p in _files("gateway") if any(m.split(".")[0] == "uvicorn" for m in imports(ROOT / p))}
+    assert users and all(p.startswith("gateway/serving/") for p in users), users
+
+
+def test_only_upstream_parses_responses() -> None:
+    users = {p for p in _files("gateway") if "HttpResponseParser" in (ROOT / p).read_text(encoding="utf-8")}
+    assert users == {"gateway/upstream/connection.py"}

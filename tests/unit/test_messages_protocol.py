@@ -10,8 +10,8 @@ import pytest
 from engines.adapters import ADAPTERS
 from gateway.config import LimitsConfig
 from gateway.errors import ContextLengthExceeded, InvalidRequest, NoHealthyBackend, Overloaded, RateLimited
-from gateway.pipeline.edits import NO_EDITS, Edits
 from gateway.protocols.anthropic_errors import from_engine_error, from_gateway_error
+from gateway.protocols.edits import NO_EDITS, Edits
 from gateway.protocols.messages import COUNT_TOKENS, MESSAGES
 
 LIMITS = LimitsConfig()

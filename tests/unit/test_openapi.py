@@ -1,4 +1,4 @@
-"""The OpenAPI description (gateway/serving/openapi.py): a valid OpenAPI 3.1 document that names
+"""The OpenAPI description (gateway/app/openapi.py): a valid OpenAPI 3.1 document that names
 every route the app serves, with each endpoint's errors in its protocol's shape."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import pytest
 from openapi_spec_validator import validate
 from starlette.routing import Route
 
-from gateway.app import create_app
+from gateway.app.build import create_app
+from gateway.app.openapi import openapi_bytes, openapi_document
 from gateway.config import LimitsConfig
 from gateway.config_loader import parse_config
-from gateway.serving.openapi import openapi_bytes, openapi_document
 
 pytestmark = pytest.mark.unit
 

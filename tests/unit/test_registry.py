@@ -11,9 +11,9 @@ import pytest
 from gateway.config import GatewayConfig
 from gateway.config_loader import parse_config
 from gateway.fleet.capacity import Capacity
-from gateway.fleet.discovery import Discovered, apply_discovery
+from gateway.fleet.discovery import apply_discovery
 from gateway.fleet.health import HealthState
-from gateway.fleet.registry import Backend, Registry
+from gateway.fleet.registry import Backend, Discovered, Registry
 
 pytestmark = pytest.mark.unit
 

@@ -10,7 +10,7 @@ import pytest
 
 from gateway.config import LimitsConfig
 from gateway.errors import InvalidRequest
-from gateway.pipeline.edits import NO_EDITS, Edits
+from gateway.protocols.edits import NO_EDITS, Edits
 from gateway.protocols.native_observers import NativeObserver
 from gateway.protocols.responses import RESPONSES
 from gateway.protocols.responses_stream import ResponsesStream

@@ -12,7 +12,7 @@ from gateway.config_loader import parse_config
 from gateway.fleet.registry import Registry
 from gateway.fleet.scraper import LoadScraper
 from gateway.metrics import GatewayMetrics
-from gateway.upstream import UpstreamClient
+from gateway.upstream.client import UpstreamClient
 
 pytestmark = pytest.mark.unit
 

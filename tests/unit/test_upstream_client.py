@@ -1,4 +1,4 @@
-"""The upstream HTTP client (gateway/upstream.py on upstream_connection.py and upstream_pool.py)
+"""The upstream HTTP client (gateway/upstream/: client.py on connection.py and pool.py)
 against a real local TCP "backend" written with asyncio.start_server, which sends raw bytes, so each
 test decides exactly what goes over the wire: framing (content-length, chunked, until close),
 keep-alive reuse, a stale pooled connection, back-pressure, timeouts, bad bytes, and how each
@@ -21,8 +21,8 @@ import pytest
 
 from gateway.config import TimeoutsConfig
 from gateway.errors import UpstreamError, UpstreamTimeout
-from gateway.upstream import UpstreamClient, UpstreamConnectError, UpstreamDisconnected, UpstreamTooLarge
-from gateway.upstream_connection import HIGH_WATER, UpstreamConnection
+from gateway.upstream.client import UpstreamClient, UpstreamConnectError, UpstreamDisconnected, UpstreamTooLarge
+from gateway.upstream.connection import HIGH_WATER, UpstreamConnection
 from tests.unit.raw_server import RawServer, serving
 
 pytestmark = pytest.mark.unit
@@ -536,7 +536,7 @@ async def test_a_pooled_connection_the_backend_closed_while_idle_is_not_used() -
 
 async def test_connections_idle_past_idle_s_are_closed_by_the_sweep(monkeypatch: pytest.MonkeyPatch) -> None:
     """No request needs to come for the idle ones to be closed: a burst leaves no sockets behind."""
-    monkeypatch.setattr("gateway.upstream_pool.IDLE_S", 0.3)
+    monkeypatch.setattr("gateway.upstream.pool.IDLE_S", 0.3)
 
     async def answer_then_wait(peer: Peer) -> None:
         await peer.request()

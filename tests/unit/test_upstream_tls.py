@@ -1,4 +1,4 @@
-"""The upstream HTTP client over TLS (gateway/upstream_pool.py's https origins) against a real local
+"""The upstream HTTP client over TLS (gateway/upstream/pool.py's https origins) against a real local
 TLS "backend" (asyncio.start_server with a server SSLContext) whose certificate is signed by a
 throwaway CA made at test time with the `openssl` CLI. The client trusts what
 ssl.create_default_context() trusts, so the tests choose its trust store through SSL_CERT_FILE (and
@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from gateway.upstream import UpstreamClient, UpstreamConnectError, error_kind
+from gateway.upstream.client import UpstreamClient, UpstreamConnectError, error_kind
 from tests.unit.raw_server import RawServer, serving
 
 pytestmark = pytest.mark.unit

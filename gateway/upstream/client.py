@@ -1,5 +1,5 @@
-"""The upstream HTTP client: kept-alive HTTP/1.1 connections (`upstream_pool.py`,
-`upstream_connection.py`), per-phase timeouts, and the one place where connection failures become the
+"""The upstream HTTP client: kept-alive HTTP/1.1 connections (`pool.py`,
+`connection.py`), per-phase timeouts, and the one place where connection failures become the
 gateway's own errors (as httpx maps httpcore's).
 
 Its own client on asyncio and httptools, not aiohttp's nor httpx's: on this project's benchmark a
@@ -19,8 +19,8 @@ from typing import Any
 from gateway.config import TimeoutsConfig
 from gateway.deadlines import Deadlines
 from gateway.errors import GatewayError, UpstreamError, UpstreamTimeout
-from gateway.upstream_connection import BadResponse, ConnectionClosed, TimedOut, UpstreamConnection
-from gateway.upstream_pool import ConnectionPool, Origin, split_url
+from gateway.upstream.connection import BadResponse, ConnectionClosed, TimedOut, UpstreamConnection
+from gateway.upstream.pool import ConnectionPool, Origin, split_url
 
 _NOT_SENT = frozenset({"host", "content-length", "transfer-encoding", "connection"})
 """Headers the client writes itself (a caller's copy would be a second one)."""
@@ -150,7 +150,7 @@ class UpstreamResponse:
         return self._conn.loop
 
     def splice(self, sink: Callable[[bytes], bool]) -> bool:
-        """Hand the stream's later chunks to `sink` as they arrive (upstream_connection.py); False
+        """Hand the stream's later chunks to `sink` as they arrive (connection.py); False
         when chunks are waiting to be read first, or the stream is over."""
         return self._conn.splice(sink)
 

@@ -16,15 +16,15 @@ from starlette.routing import BaseRoute, Route
 
 from gateway.access.gate import AccessGate
 from gateway.access.keys import ClientKey
+from gateway.app.openapi import openapi_bytes
 from gateway.config import GatewayConfig
 from gateway.errors import GatewayError, MethodNotAllowed, ModelNotFound, NotFound
 from gateway.fleet.registry import Backend, Registry
 from gateway.fleet.scraper import LoadScraper
 from gateway.metrics import GatewayMetrics
 from gateway.pipeline.endpoint import CompletionEndpoint
+from gateway.pipeline.lifecycle import Lifecycle
 from gateway.policy.models import ModelNames
-from gateway.serving.lifecycle import Lifecycle
-from gateway.serving.openapi import openapi_bytes
 
 _GZIP_MIN = 4096
 """A smaller page is sent as it is: compressing it saves less than it costs."""

@@ -13,7 +13,7 @@ import time
 from typing import cast
 from urllib.parse import urlsplit
 
-from gateway.upstream_connection import UpstreamConnection
+from gateway.upstream.connection import UpstreamConnection
 
 IDLE_S = 15.0
 """How long an idle connection is kept (aiohttp's default keep-alive, and longer than no engine's)."""

@@ -1,6 +1,6 @@
 """One HTTP/1.1 connection to a backend: an asyncio Protocol that writes a request and parses the
 answer with httptools' response parser (the C parser uvicorn uses inbound), buffering the body for
-the reader with back-pressure. `upstream_pool.py` keeps these alive between requests.
+the reader with back-pressure. `pool.py` keeps these alive between requests.
 
 Why not aiohttp's client any more: on the overhead benchmark it was the largest single item of the
 gateway's CPU per proxied request (20-27 %), more than all the gateway's routing; this does the same

@@ -16,6 +16,7 @@ from starlette.routing import Route
 from gateway.access.gate import AccessGate, CounterStore
 from gateway.access.keys import KeyRing
 from gateway.access.memory_store import MemoryStore
+from gateway.app.routes import Endpoints, http_exception
 from gateway.asgi import Receive, Scope, Send
 from gateway.config import GatewayConfig
 from gateway.fleet.capacity import Capacity
@@ -29,6 +30,7 @@ from gateway.pipeline.admission import Admission
 from gateway.pipeline.attempts import Attempts
 from gateway.pipeline.endpoint import CompletionEndpoint
 from gateway.pipeline.enforcer import CapEnforcer
+from gateway.pipeline.lifecycle import Lifecycle
 from gateway.pipeline.relay import Relay
 from gateway.pipeline.router import Router
 from gateway.pipeline.stored import StoredResponses
@@ -36,9 +38,7 @@ from gateway.policy.rules import Platform
 from gateway.protocols.base import ProtocolAdapter
 from gateway.protocols.catalog import ENDPOINTS, REASONING_COPY
 from gateway.protocols.response_store import ResponseStore
-from gateway.serving.lifecycle import Lifecycle
-from gateway.serving.routes import Endpoints, http_exception
-from gateway.upstream import UpstreamClient
+from gateway.upstream.client import UpstreamClient
 
 log = logging.getLogger(__name__)
 
