@@ -36,6 +36,12 @@ PHRASES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("first-run-at", re.compile(r"\bthe\s+first\s+runs?\s+(?:at|of\s+this|of\s+the\s+stop)\b", re.I)),
     ("issue-number", re.compile(r"\bissues?\s+#?\d+", re.I)),
     ("commit-provenance", re.compile(r"\bcommit\s+[0-9a-f]{7,40}\b", re.I)),
+    # A bare short hash used as a date, in parentheses or after "at"; it needs a digit and a letter, so that
+    # words and numbers in parentheses pass.
+    (
+        "hash-as-date",
+        re.compile(r"(?:\(|\bat\s+|\bof\s+main\s+)(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{7,12}\b(?!-)"),
+    ),
 )
 
 

@@ -294,6 +294,8 @@ DIARY = [
     "see issue" + " 13 for the targets",
     "Issue" + " 12 defect 4: a 10 MiB body",
     "at commit" + " 5dc39b3, noise 2 %",
+    "a fresh clone of main (88" + "2e709), warm",
+    "508 s at b2" + "b7a9a",
 ]
 PROSE = [
     "The gateway stops accepting connections on SIGTERM.",
@@ -304,6 +306,8 @@ PROSE = [
     "Each run writes a record; compare two runs with compare.py.",
     "vllm-project/vllm#1234 tracks the upstream bug.",
     "Commit your changes, then run the tests.",
+    "the colour (deadbeef) and the count (1234567) are not hashes",
+    "benchmarks/results/2026-12-02-overhead-5dc39" + "b3.json holds the run",
 ]
 
 
