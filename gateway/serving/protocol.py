@@ -108,6 +108,8 @@ def protocol_class(
                 self._refusal = f"The request has more than {max_headers} header fields."
                 raise _HeadRefused  # httptools stops parsing; uvicorn calls send_400_response
             name = name.lower()
+            # llhttp keeps trailing whitespace, which RFC 9110 5.5 excludes from the value (uvicorn 0.55's fix)
+            value = value.rstrip(b" \t")
             if name == b"expect" and value.lower() == b"100-continue":
                 self.expect_100_continue = True
             self.headers.append((name, value))

@@ -93,3 +93,22 @@ async def test_tokens_per_minute_counts_usage_when_requests_end(make_stack: Stac
     err = error_of(second, 429)
     assert err["type"] == "tokens" and "retry-after" in second.headers
     assert stack.metric("gateway_rate_limited_total", key="t", limit="tokens") == 1
+
+
+async def test_trailing_whitespace_is_not_part_of_a_header_value(make_stack: StackFactory) -> None:
+    """RFC 9110 5.5: whitespace after a field value is not part of it (httptools keeps it)."""
+    stack = await make_stack(routes=[{"model": "tiny", "pools": ["vllm"]}], keys=[{"name": "team", "key": "sk-team"}])
+    host, port = stack.base_url.removeprefix("http://").split(":")
+    body = b'{"model":"tiny","messages":[{"role":"user","content":"hi"}],"max_tokens":1}'
+    head = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer sk-team \t\r\n"
+        b"x-request-id: req-7  \r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
+        % len(body)
+    )
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(head + body)
+    answer = await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
+    assert b"\r\nx-request-id: req-7\r\n" in answer.split(b"\r\n\r\n")[0], answer[:600]
+    assert stack.sims["vllm-0"].stats.seen == 1
