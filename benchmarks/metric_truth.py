@@ -75,7 +75,8 @@ from typing import Any
 import aiohttp
 import httpx
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
+
+from engines.promtext import read_labelled
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -117,12 +118,12 @@ def scrape(url: str) -> dict[str, float]:
     """`name{labels}` -> value for every sample of a /metrics page; plus `name` -> sum over labels."""
     text = httpx.get(url, timeout=10).text
     out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out[s.name] = out.get(s.name, 0.0) + s.value
-            if "le" in s.labels:
-                key = f"{s.name}{{le={s.labels['le']}}}"
-                out[key] = out.get(key, 0.0) + s.value
+    for (name, labels), value in read_labelled(text).items():
+        out[name] = out.get(name, 0.0) + value
+        le = dict(labels).get("le")
+        if le is not None:
+            key = f"{name}{{le={le}}}"
+            out[key] = out.get(key, 0.0) + value
     return out
 
 

@@ -64,6 +64,70 @@ def read_samples(text: str, names: Collection[str]) -> dict[str, Series]:
     return {name: Series(total, counts[name]) for name, total in totals.items()}
 
 
+Labels = frozenset[tuple[str, str]]
+_ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
+
+
+def _labels(text: str, start: int) -> tuple[Labels, int] | None:
+    """The label set opening at text[start] ("{"), and the index after its "}"; None if malformed."""
+    out: list[tuple[str, str]] = []
+    i = start + 1
+    while True:
+        while i < len(text) and text[i] in " ,":
+            i += 1
+        if i < len(text) and text[i] == "}":
+            return frozenset(out), i + 1
+        eq = text.find("=", i)
+        if eq == -1 or eq + 1 >= len(text) or text[eq + 1] != '"':
+            return None
+        name = text[i:eq].strip()
+        value: list[str] = []
+        j = eq + 2
+        while j < len(text) and text[j] != '"':
+            if text[j] == "\\" and j + 1 < len(text):
+                value.append(_ESCAPES.get(text[j + 1], "\\" + text[j + 1]))
+                j += 2
+            else:
+                value.append(text[j])
+                j += 1
+        if j >= len(text):
+            return None
+        out.append((name, "".join(value)))
+        i = j + 1
+
+
+def read_labelled(text: str) -> dict[tuple[str, Labels], float]:
+    """Every sample with its label set: (name, labels) -> value, for readers that need the labels
+    (`gateway bench`'s scrapes). The text format's escapes in label values are decoded; comment and
+    malformed lines are skipped; NaN is kept (a reader of deltas decides)."""
+    out: dict[tuple[str, Labels], float] = {}
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        brace = line.find("{")
+        space = min((i for i in (line.find(" "), line.find("\t")) if i != -1), default=-1)
+        labels: Labels = frozenset()
+        if brace != -1 and (space == -1 or brace < space):
+            name = line[:brace]
+            parsed = _labels(line, brace)
+            if parsed is None:
+                continue
+            labels, end = parsed
+            rest = line[end:]
+        elif space != -1:
+            name, rest = line[:space], line[space:]
+        else:
+            continue
+        fields = rest.split()
+        if not name or not fields:
+            continue
+        try:
+            out[(name, labels)] = float(fields[0])
+        except ValueError:
+            continue
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class Ratio:
     """A cumulative rate from two counters: hits / base, or hits / (hits + base) when base excludes hits."""

@@ -11,17 +11,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
+
+from engines.promtext import read_labelled
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
 def parse(text: str) -> Samples:
-    out: Samples = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out[(s.name, frozenset(s.labels.items()))] = float(s.value)
-    return out
+    return read_labelled(text)
 
 
 def total(samples: Samples, name: str, **labels: str) -> float:
