@@ -163,9 +163,16 @@ async def _run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     }
 
 
+NEEDS_EXTRA = "the load client is not installed: pip install 'llm-gateway[bench]'"
+
+
 def run(args: argparse.Namespace) -> int:
     """The command (heavy imports here, so other subcommands start fast)."""
-    import aiohttp
+    try:
+        import aiohttp
+    except ImportError:  # the load client is an extra: `gateway serve` needs none of it
+        print(f"gateway bench: {NEEDS_EXTRA}", file=sys.stderr)
+        return 2
     from rich.console import Console
 
     from gateway.bench import chart, output, table

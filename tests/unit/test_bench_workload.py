@@ -64,3 +64,16 @@ def test_jsonl_bodies_are_cycled_and_given_the_run_settings(tmp_path: Path) -> N
     bad.write_text('{"messages": []}\n[1]\n')
     with pytest.raises(WorkloadError, match=r"bad\.jsonl:2"):
         take(WorkloadSpec(str(bad)), 1)
+
+
+def test_bench_without_its_extra_says_which_to_install(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import argparse
+    import sys
+
+    from gateway.bench import command
+
+    monkeypatch.setitem(sys.modules, "aiohttp", None)  # as if the extra were not installed
+    assert command.run(argparse.Namespace()) == 2
+    assert "pip install 'llm-gateway[bench]'" in capsys.readouterr().err

@@ -218,3 +218,11 @@ def test_only_serving_knows_the_http_server() -> None:
 def test_only_upstream_parses_responses() -> None:
     users = {p for p in _files("gateway") if "HttpResponseParser" in (ROOT / p).read_text(encoding="utf-8")}
     assert users == {"gateway/upstream/connection.py"}
+
+
+def test_aiohttp_is_only_the_bench_extras() -> None:
+    """`gateway serve` installs without aiohttp: it is the `bench` extra's, and only bench/ imports it."""
+    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    runtime = text.split("dependencies = [", 1)[1].split("]", 1)[0]
+    bench = text.split("\nbench = [", 1)[1].split("]", 1)[0]
+    assert "aiohttp" not in runtime and "aiohttp" in bench
