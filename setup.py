@@ -64,6 +64,7 @@ COMPILED = [
     "gateway/protocols/messages_translate.py",
     "gateway/protocols/native_observers.py",
     "gateway/protocols/openai.py",
+    "gateway/protocols/openai_errors.py",
     "gateway/protocols/reasoning.py",
     "gateway/protocols/rename.py",
     "gateway/protocols/response_store.py",

@@ -3,22 +3,21 @@ pass through; edits re-encode the body once; errors have OpenAI's shape."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
 from mypy_extensions import mypyc_attr
 
 from gateway.config import LimitsConfig
-from gateway.errors import GatewayError
 from gateway.protocols.base import Api, Inbound, SseObserver, StreamTransform, Target
 from gateway.protocols.edits import NO_EDITS, Edits, apply_edits, needs_encoding
 from gateway.protocols.inbound import Kind, parse_request
+from gateway.protocols.openai_errors import OpenAIErrors
 from gateway.protocols.sse import StreamObserver
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # a base for adapters of your own
-class OpenAIProtocol:
+class OpenAIProtocol(OpenAIErrors):
     """A ProtocolAdapter for one of chat, completions, embeddings (they differ in parsing only)."""
 
     __slots__ = ("_kind", "_target", "api", "path")
@@ -76,13 +75,3 @@ class OpenAIProtocol:
             usage: dict[str, Any] = parsed["usage"]
             return usage
         return None
-
-    def error_status(self, err: GatewayError) -> int:
-        return err.status_code
-
-    def error_body(self, err: GatewayError) -> bytes:
-        return err.body_bytes()
-
-    def error_event(self, message: str, code: str) -> bytes:
-        event = {"error": {"message": message, "type": "upstream_error", "param": None, "code": code}}
-        return b"data: " + json.dumps(event).encode() + b"\n\n"

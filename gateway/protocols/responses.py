@@ -12,12 +12,13 @@ from typing import Any
 
 from engines.adapters import adapter_for
 from gateway.config import LimitsConfig
-from gateway.errors import GatewayError, InvalidRequest
+from gateway.errors import InvalidRequest
 from gateway.protocols.base import Api, Inbound, SseObserver, StreamTransform, Target
 from gateway.protocols.dropped import Dropped
 from gateway.protocols.edits import NO_EDITS, Edits, apply_edits, needs_encoding
 from gateway.protocols.inbound import STEERING_FIELDS, check_model, decode_json, positive_int
 from gateway.protocols.native_observers import NativeObserver
+from gateway.protocols.openai_errors import OpenAIErrors
 from gateway.protocols.response_store import find_response_id
 from gateway.protocols.responses_stream import ResponsesStream
 from gateway.protocols.responses_translate import chat_to_response, encode, responses_to_chat, tool_names
@@ -27,7 +28,7 @@ _NATIVE = Target("/v1/responses")
 _TRANSLATED = Target("/v1/chat/completions", native=False)
 
 
-class ResponsesProtocol:
+class ResponsesProtocol(OpenAIErrors):
     """The ProtocolAdapter of POST /v1/responses."""
 
     __slots__ = ()
@@ -137,12 +138,6 @@ class ResponsesProtocol:
             prompt, completion = _int(usage.get("input_tokens")), _int(usage.get("output_tokens"))
             return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
         return usage
-
-    def error_status(self, err: GatewayError) -> int:
-        return err.status_code
-
-    def error_body(self, err: GatewayError) -> bytes:
-        return err.body_bytes()
 
     def error_event(self, message: str, code: str) -> bytes:
         """OpenAI's Responses `error` event; no response.completed follows, so the SDK's

@@ -10,10 +10,11 @@ from typing import Any, Literal
 
 from engines.adapters import adapter_for
 from gateway.config import LimitsConfig
-from gateway.errors import GatewayError, InvalidRequest
+from gateway.errors import InvalidRequest
 from gateway.protocols.base import Api, Inbound, SseObserver, StreamTransform, Target
 from gateway.protocols.edits import NO_EDITS, Edits
 from gateway.protocols.inbound import STEERING_FIELDS, check_model, decode_json
+from gateway.protocols.openai_errors import OpenAIErrors
 from gateway.protocols.sse import StreamObserver
 
 Which = Literal["tokenize", "detokenize"]
@@ -21,7 +22,7 @@ Which = Literal["tokenize", "detokenize"]
 _CONTENT_ONLY = frozenset({"llamacpp"})
 
 
-class TokenizeProtocol:
+class TokenizeProtocol(OpenAIErrors):
     """The ProtocolAdapter of /tokenize or /detokenize: never streamed, nothing to cap or route by."""
 
     __slots__ = ("_native", "_translated", "api", "path")
@@ -118,16 +119,6 @@ class TokenizeProtocol:
 
     def usage(self, parsed: Any) -> dict[str, Any] | None:
         return None
-
-    def error_status(self, err: GatewayError) -> int:
-        return err.status_code
-
-    def error_body(self, err: GatewayError) -> bytes:
-        return err.body_bytes()
-
-    def error_event(self, message: str, code: str) -> bytes:
-        event = {"error": {"message": message, "type": "upstream_error", "param": None, "code": code}}
-        return b"data: " + json.dumps(event).encode() + b"\n\n"
 
 
 TOKENIZE = TokenizeProtocol("tokenize")
