@@ -51,6 +51,7 @@ COMPILED = [
     "gateway/protocols/base.py",
     "gateway/protocols/catalog.py",
     "gateway/protocols/chat.py",
+    "gateway/protocols/chat_stream.py",
     "gateway/protocols/completions.py",
     "gateway/protocols/dropped.py",
     "gateway/protocols/edits.py",

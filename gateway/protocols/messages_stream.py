@@ -7,67 +7,39 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.protocols.anthropic_errors import error_body
-from gateway.protocols.frames import DataFrames, decode_event, encode_event, is_done
+from gateway.protocols.chat_stream import ChatStreamTranslation, error_message
+from gateway.protocols.frames import encode_event
 from gateway.protocols.messages_translate import matched_stop, message_id, stop_reason, usage_to_anthropic
 
 
-class MessagesStream:
+class MessagesStream(ChatStreamTranslation):
     """Feed it the upstream's raw bytes as they come; it returns Anthropic SSE bytes to send (often
     none). Call ``finish()`` when the upstream ends: it closes a stream that lacked [DONE], or, if no
     finish_reason came, ends it with an ``error`` event. Assumes tool calls arrive one after another,
     as every OpenAI-compatible engine sends them."""
 
     def __init__(self, model: str | None = None, input_tokens: int | None = None) -> None:
-        self._frames = DataFrames()
+        super().__init__()
         self._model = model
         self._input_tokens = input_tokens
-        self._started = False
-        self._ended = False
         self._index = -1
         self._open: str | None = None  # "text" | "thinking" | "tool_use"
         self._tool_blocks: dict[int, int] = {}  # chat tool_call index -> Anthropic block index
-        self._finish: Any = None
         self._matched: Any = None
         self._tool_used = False
-        self._usage: dict[str, Any] | None = None
 
     @property
     def usage(self) -> dict[str, int]:
         """Anthropic usage so far (final once message_delta was sent)."""
         return self._anthropic_usage()
 
-    def feed(self, chunk: bytes) -> bytes:
-        return b"".join(self._payload(p) for p in self._frames.feed(chunk))
+    def _fail(self, message: str) -> bytes:
+        self._ended = True
+        return encode_event("error", error_body(502, message))
 
-    def finish(self) -> bytes:
-        out = b"".join(self._payload(p) for p in self._frames.flush())
-        if self._ended:
-            return out
-        if self._finish is None:
-            self._ended = True
-            return out + encode_event("error", error_body(502, "The backend's stream ended before it finished."))
-        return out + self._close()
-
-    def _payload(self, payload: bytes) -> bytes:
-        if self._ended:
-            return b""
-        if is_done(payload):
-            return self._close()
-        event = decode_event(payload)
-        if event is None:
-            return b""
-        if "error" in event and "choices" not in event:
-            self._ended = True
-            inner = event["error"]
-            message = inner.get("message") if isinstance(inner, dict) else inner
-            return encode_event("error", error_body(_status(inner), str(message or "The backend failed.")))
-        out = b"" if self._started else self._start(event)
-        if isinstance(event.get("usage"), dict):
-            self._usage = event["usage"]
-        choices = event.get("choices")
-        if isinstance(choices, list) and choices and isinstance(choices[0], dict):
-            out += self._choice(choices[0])
-        return out
+    def _error(self, inner: Any) -> bytes:
+        self._ended = True
+        return encode_event("error", error_body(_status(inner), error_message(inner)))
 
     def _start(self, event: dict[str, Any]) -> bytes:
         self._started = True

@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gateway.protocols.frames import DataFrames, decode_event, encode_event, is_done
+from gateway.protocols.chat_stream import ChatStreamTranslation, error_message
+from gateway.protocols.frames import encode_event
 from gateway.protocols.responses_tools import ToolNames, call_item
 from gateway.protocols.responses_translate import (
     finish_status,
@@ -58,7 +59,7 @@ class _Item:
         return self.names is not None and self.names.restore(self.name)[2]
 
 
-class ResponsesStream:
+class ResponsesStream(ChatStreamTranslation):
     """Feed it the upstream's raw bytes; it returns Responses SSE bytes. ``finish()`` when the
     upstream ends closes a stream that lacked [DONE], or fails it if no finish_reason came."""
 
@@ -70,35 +71,20 @@ class ResponsesStream:
         response_id: str | None = None,
         names: ToolNames | None = None,
     ) -> None:
-        self._frames = DataFrames()
+        super().__init__()
         self._names = names
         self._request = request
         self._created_at = created_at
         self.response_id = response_id or new_id("resp")
         self._seq = 0
-        self._started = False
-        self._ended = False
         self._model: Any = request.get("model")  # the client's name for it, not the engine's
         self._items: list[_Item] = []
         self._open: _Item | None = None
         self._calls: dict[int, _Item] = {}
-        self._finish: Any = None
-        self._usage: dict[str, Any] | None = None
 
     @property
     def usage(self) -> dict[str, Any]:
         return usage_to_responses(self._usage)
-
-    def feed(self, chunk: bytes) -> bytes:
-        return b"".join(self._payload(p) for p in self._frames.feed(chunk))
-
-    def finish(self) -> bytes:
-        out = b"".join(self._payload(p) for p in self._frames.flush())
-        if self._ended:
-            return out
-        if self._finish is None:
-            return out + self._fail("The backend's stream ended before it finished.")
-        return out + self._complete()
 
     def _emit(self, name: str, fields: dict[str, Any]) -> bytes:
         event = {"type": name, "sequence_number": self._seq, **fields}
@@ -120,29 +106,14 @@ class ResponsesStream:
             incomplete_reason=reason,
         )
 
-    def _payload(self, payload: bytes) -> bytes:
-        if self._ended:
-            return b""
-        if is_done(payload):
-            return self._complete()
-        event = decode_event(payload)
-        if event is None:
-            return b""
-        out = b""
-        if not self._started:
-            self._started = True
-            out += self._emit("response.created", {"response": self._response("in_progress")})
-            out += self._emit("response.in_progress", {"response": self._response("in_progress")})
-        if "error" in event and "choices" not in event:
-            inner = event["error"]
-            message = inner.get("message") if isinstance(inner, dict) else inner
-            return out + self._fail(str(message or "The backend failed."))
-        if isinstance(event.get("usage"), dict):
-            self._usage = event["usage"]
-        choices = event.get("choices")
-        if isinstance(choices, list) and choices and isinstance(choices[0], dict):
-            out += self._choice(choices[0])
-        return out
+    def _start(self, event: dict[str, Any]) -> bytes:
+        self._started = True
+        out = self._emit("response.created", {"response": self._response("in_progress")})
+        return out + self._emit("response.in_progress", {"response": self._response("in_progress")})
+
+    def _error(self, inner: Any) -> bytes:
+        out = b"" if self._started else self._start({})
+        return out + self._fail(error_message(inner))
 
     def _choice(self, choice: dict[str, Any]) -> bytes:
         if choice.get("finish_reason") is not None:
@@ -237,13 +208,9 @@ class ResponsesStream:
             out += self._emit("response.function_call_arguments.done", fields)
         return out + self._emit("response.output_item.done", {"output_index": item.output_index, "item": item.done()})
 
-    def _complete(self) -> bytes:
+    def _close(self) -> bytes:
         self._ended = True
-        out = b""
-        if not self._started:
-            self._started = True
-            out += self._emit("response.created", {"response": self._response("in_progress")})
-            out += self._emit("response.in_progress", {"response": self._response("in_progress")})
+        out = b"" if self._started else self._start({})
         out += self._close_item()
         status, reason = finish_status(self._finish)
         response = self._response(status, reason=reason, usage=usage_to_responses(self._usage))
