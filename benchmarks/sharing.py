@@ -1,5 +1,6 @@
 """Sharing a saturated pool: an interactive key's TTFT alone, under a batch flood with one FIFO
-queue, and under the same flood with priority classes; and the tokens two flooding keys get with
+queue, and under the same flood with priority classes (`flood_classes`: with one slot reserved for
+interactive, sharing.reserved; `flood_classes_no_reserve`: without); and the tokens two flooding keys get with
 1:1 and 2:1 weights. One simulated engine on the seed preset, in this process, behind a gateway
 with a fixed capacity (max_in_flight); no real engine.
 
@@ -31,9 +32,10 @@ BATCH_TOKENS = 8  # ~0.8 s a request on the seed preset: capacity ~10 requests/s
 CHAT_TOKENS = 8
 
 
-def _config(url: str, keys: list[dict[str, Any]]) -> dict[str, Any]:
+def _config(url: str, keys: list[dict[str, Any]], reserved: dict[str, int]) -> dict[str, Any]:
     backend = {"url": url, "name": "sim-0", "model": "tiny", "max_in_flight": SLOTS}
     return {
+        "sharing": {"reserved": reserved},
         "pools": {"sim": {"engine": "sim", "backends": [backend]}},
         "routes": [{"model": "tiny", "pools": ["sim"]}],
         "health": {"interval_s": 60, "scrape_interval_s": 60},
@@ -83,10 +85,10 @@ async def _flood(base: str, key: str, clients: int, done: list[tuple[str, int]],
         await asyncio.gather(*(loop(client) for _ in range(clients)))
 
 
-async def _stack(keys: list[dict[str, Any]]) -> tuple[SimServer, Any]:
+async def _stack(keys: list[dict[str, Any]], reserved: dict[str, int] | None = None) -> tuple[SimServer, Any]:
     sim = SimServer(SimParams.preset("seed"))
     await sim.start()
-    running = await start(parse_config(_config(sim.base_url, keys), env={}))
+    running = await start(parse_config(_config(sim.base_url, keys, reserved or {}), env={}))
     return sim, running
 
 
@@ -96,10 +98,13 @@ async def _stop(sim: SimServer, running: Any) -> None:
     await sim.stop()
 
 
-async def interactive(keys: list[dict[str, Any]], flood_key: str | None, chat_key: str, n: int) -> dict[str, float]:
+async def interactive(
+    keys: list[dict[str, Any]], flood_key: str | None, chat_key: str, n: int, reserved: dict[str, int] | None = None
+) -> dict[str, float]:
     """TTFT of `n` interactive requests, one every ~0.5 s (about a fifth of the capacity), with
-    10 x SLOTS batch clients flooding beside them when `flood_key` is set."""
-    sim, running = await _stack(keys)
+    10 x SLOTS batch clients flooding beside them when `flood_key` is set; `reserved`: the slots
+    sharing.reserved holds back for the classes above batch."""
+    sim, running = await _stack(keys, reserved)
     stop = asyncio.Event()
     flood = None
     if flood_key is not None:
@@ -154,10 +159,16 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     ]
     alone = await interactive(classes, None, "sk-chat", n)
     flood_fifo = await interactive(fifo, "sk-shared", "sk-shared", n)
-    flood_classes = await interactive(classes, "sk-batch", "sk-chat", n)
+    no_reserve = await interactive(classes, "sk-batch", "sk-chat", n)
+    flood_classes = await interactive(classes, "sk-batch", "sk-chat", n, {"interactive": 1})
     even = await shares((1, 1), (3 * SLOTS, SLOTS), args.measured)  # a keeps 3x the requests in flight
     weighted = await shares((2, 1), (2 * SLOTS, 2 * SLOTS), args.measured)
-    runs = {"alone": alone, "flood_fifo": flood_fifo, "flood_classes": flood_classes}
+    runs = {
+        "alone": alone,
+        "flood_fifo": flood_fifo,
+        "flood_classes_no_reserve": no_reserve,
+        "flood_classes": flood_classes,
+    }
     return {
         "interactive_ttft_p99_s": {k: round(v["p99"], 3) for k, v in runs.items()},
         "interactive_ttft_p50_s": {k: round(v["p50"], 3) for k, v in runs.items()},

@@ -127,6 +127,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return _serving(run_demo(args.host, args.port, log_level=args.log_level), args.port)
 
 
+def cmd_keys(args: argparse.Namespace) -> int:
+    from gateway.tools import keyscommand
+
+    config = _load(args.config)
+    if config is None:
+        return 1
+    return keyscommand.run(config, args.url)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gateway", description="A unified OpenAI-compatible LLM gateway.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -154,6 +163,11 @@ def parser() -> argparse.ArgumentParser:
     k = sub.add_parser("kv", help="KV-cache memory a context cap implies")
     kvcommand.add_arguments(k)
     k.set_defaults(func=kvcommand.run)
+
+    ks = sub.add_parser("keys", help="each client key's token budgets and its spend this period")
+    ks.add_argument("--config", default=DEFAULT_CONFIG)
+    ks.add_argument("--url", default=None, help="the gateway to ask without redis: (default: server.host:port)")
+    ks.set_defaults(func=cmd_keys)
 
     e = sub.add_parser("explain", help="show how a request body would be routed, without sending it")
     e.add_argument("body", help="a JSON request body file, or - for stdin")

@@ -52,6 +52,21 @@ def _check_hashed(key: str, where: str) -> None:
         raise ValueError(f"{where}: a `sha256:` key must be followed by 64 hex digits")
 
 
+class BudgetConfig(_Model):
+    period: Literal["day", "month"]
+    """A UTC calendar day or month: the budget starts again at its first second."""
+    input_tokens: Annotated[int, Field(ge=1)] | None = None
+    """Prompt tokens the key may use in the period, by the engines' reported usage."""
+    output_tokens: Annotated[int, Field(ge=1)] | None = None
+    """Completion tokens the key may use in the period, by the engines' reported usage."""
+
+    @model_validator(mode="after")
+    def _check_limit(self) -> BudgetConfig:
+        if self.input_tokens is None and self.output_tokens is None:
+            raise ValueError("a budget needs input_tokens, output_tokens or both")
+        return self
+
+
 class ClientKeyConfig(_Model):
     name: Annotated[str, Field(pattern=_NAME_PATTERN, max_length=64)]
     """Names the key in gateway_rate_limited_total and its Redis counters; never the key itself."""
@@ -68,6 +83,8 @@ class ClientKeyConfig(_Model):
     """The highest class an `x-gateway-priority` header may ask for; unset: the key's own class."""
     weight: Annotated[float, Field(gt=0, le=1000)] = 1.0
     """This key's share of its class while saturated, relative to the other keys in the class."""
+    budgets: Annotated[tuple[BudgetConfig, ...], Field(max_length=4)] = ()
+    """Token budgets per UTC day or month; past one, the key's requests get 429 until it resets."""
 
     @model_validator(mode="after")
     def _check_key(self) -> ClientKeyConfig:
@@ -103,6 +120,15 @@ class SharingConfig(_Model):
     it, however busy the classes above it are: no class starves."""
     output_estimate_tokens: Annotated[int, Field(ge=1)] = 256
     """A request's output tokens for fair share when it sets no max_tokens (real usage corrects it)."""
+    reserved: dict[Literal["interactive", "default"], Annotated[int, Field(ge=0)]] = {}
+    """Slots of each backend's max_in_flight held back for a class and those above it: a request
+    of a lower class sees the backend as full that many slots early, so that a higher one arriving
+    finds a slot free instead of waiting for one to end. A backend's last slot is never held back
+    (every class can always run somewhere). The held slots idle when no higher class sends."""
+
+    def held_back(self, rank: int) -> int:
+        """Slots held back from a request of class `rank` (0 = interactive, the highest)."""
+        return sum(self.reserved.get(c, 0) for c in get_args(Priority)[:rank] if c != "batch")
 
 
 class LimitsConfig(_Model):

@@ -150,8 +150,8 @@ class RateLimited(GatewayError):
     type = "requests"
     default_code = "rate_limit_exceeded"
 
-    def __init__(self, message: str, *, limit: str, retry_after: float) -> None:
-        super().__init__(message, retry_after=retry_after)
+    def __init__(self, message: str, *, limit: str, retry_after: float, code: str | None = None) -> None:
+        super().__init__(message, retry_after=retry_after, code=code)
         self.limit = limit
 
     def body(self) -> dict[str, Any]:

@@ -207,6 +207,13 @@ class GatewayMetrics:
             ("key", "limit"),
             registry=r,
         )
+        self.budget_used = LeanGauge(
+            "gateway_budget_used_tokens",
+            "Tokens a client key has used of its budget this period (period: day or month; kind: input or"
+            " output), as the counter store had it when the key's last request ended.",
+            ("key", "period", "kind"),
+            registry=r,
+        )
         self.limiter_up = LeanGauge(
             "gateway_limiter_backend_up",
             "1 when the rate-limit counter store (memory or redis) answered its last call.",
@@ -230,7 +237,7 @@ class GatewayMetrics:
             ),
             *(self.client_disconnects, self.wasted_tokens, self.backend_up, self.backend_model),
             *(self.backend_load, self.scrape_age, self.rate_limited, self.limiter_up, self.limiter_errors),
-            *(self.class_queue_wait, self.shed),
+            *(self.class_queue_wait, self.shed, self.budget_used),
         ]
         self._fine = [m for m in made if isinstance(m, FineHistogram)]
         self._coarse = CollectorRegistry(auto_describe=True)

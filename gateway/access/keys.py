@@ -9,7 +9,7 @@ import hashlib
 import hmac
 from dataclasses import dataclass
 
-from gateway.config import GatewayConfig, Priority
+from gateway.config import BudgetConfig, GatewayConfig, Priority
 from gateway.errors import Unauthorized
 
 
@@ -22,6 +22,7 @@ class ClientKey:
     priority: Priority | None = None
     max_priority: Priority | None = None
     weight: float = 1.0
+    budgets: tuple[BudgetConfig, ...] = ()
 
     def allows(self, model: str) -> bool:
         return not self.models or any(fnmatch.fnmatchcase(model, pattern) for pattern in self.models)
@@ -51,7 +52,14 @@ class KeyRing:
         ]
         for k in config.keys:
             client = ClientKey(
-                k.name, k.models, k.requests_per_minute, k.tokens_per_minute, k.priority, k.max_priority, k.weight
+                k.name,
+                k.models,
+                k.requests_per_minute,
+                k.tokens_per_minute,
+                k.priority,
+                k.max_priority,
+                k.weight,
+                k.budgets,
             )
             entries.append((digest(k.key.get_secret_value()), client))
         return cls(entries)

@@ -63,9 +63,13 @@ class Backend:
         """The backend's own key, for every call the gateway makes to it."""
         return {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
-    def has_room(self) -> bool:
-        """Below its max_in_flight (or it has none)."""
-        return self.max_in_flight is None or self.in_flight < self.max_in_flight
+    def has_room(self, held_back: int = 0) -> bool:
+        """Below its max_in_flight (or it has none), less `held_back` slots kept for higher classes;
+        the last slot is never held back."""
+        limit = self.max_in_flight
+        if limit is None:
+            return True
+        return self.in_flight < (max(1, limit - held_back) if held_back else limit)
 
     def candidate(self, now: float, stale_s: float, slow_start_s: float = 0.0) -> Candidate:
         fresh = self.load is not None and now - self.load.scraped_at <= stale_s

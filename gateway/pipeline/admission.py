@@ -38,7 +38,9 @@ class Admission:
         self._router = router
         self._limits = limits
         self._metrics = metrics
-        self._output_estimate = (sharing or SharingConfig()).output_estimate_tokens
+        sharing = sharing or SharingConfig()
+        self._output_estimate = sharing.output_estimate_tokens
+        self._held_back = tuple(sharing.held_back(r) for r in range(len(CLASSES)))
 
     def ticket(
         self,
@@ -50,11 +52,15 @@ class Admission:
     ) -> Ticket:
         """The request's class, flow, weight and estimated tokens, for the queue."""
         header = headers.get(PRIORITY_HEADER)
-        cost = float(max(0, prompt) + (max_tokens if max_tokens is not None else self._output_estimate))
+        cost = float(max(0, prompt) + self.output_tokens(max_tokens))
         if client is None:
             return Ticket(request_rank(None, None, route.priority, header), ANONYMOUS, 1.0, max(cost, 1.0))
         rank = request_rank(client.priority, client.max_priority, route.priority, header)
         return Ticket(rank, client.name, client.weight, max(cost, 1.0))
+
+    def output_tokens(self, max_tokens: int | None) -> int:
+        """A request's output tokens, estimated: its max_tokens, else sharing.output_estimate_tokens."""
+        return max_tokens if max_tokens is not None else self._output_estimate
 
     async def admit(self, plan: Plan, route: str, ticket: Ticket) -> tuple[list[Backend], Plan, bool]:
         """The backends to try (and the plan, re-ordered after a wait), and whether it queued; when
@@ -68,6 +74,10 @@ class Admission:
         queued = False
         place: Place | None = None
         kick = False
+        held = self._held_back[ticket.rank]
+        if held and backends and plan.key is not None:  # the slots kept for higher classes: full for it
+            backends = [b for b in backends if b.has_room(held)]
+            saturated = saturated or not backends
         if plan.key is not None and backends and capacity.waiting(plan.pool):
             # Others wait for this pool: join the queue, and hand the free slot to whom it picks.
             saturated, backends, kick = True, [], True
@@ -81,7 +91,7 @@ class Admission:
             if outcome != "slot":
                 self._metrics.child(self._metrics.shed, plan.pool, CLASSES[ticket.rank], outcome).inc()
                 raise Overloaded(_refusal(plan.pool, outcome, CLASSES[ticket.rank]), retry_after=1)
-            backends, saturated, home = self._router.order(plan.pool, plan.key, only=plan.only)
+            backends, saturated, home = self._router.order(plan.pool, plan.key, only=plan.only, held_back=held)
             plan = replace(plan, backends=backends, saturated=saturated, home=home)
         if not backends:
             raise NoHealthyBackend(f"No healthy backend can serve route '{route}'.", retry_after=5)

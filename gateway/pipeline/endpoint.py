@@ -15,7 +15,7 @@ import os
 from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any
 
-from gateway.access.gate import AccessGate
+from gateway.access.gate import AccessGate, BudgetHold
 from gateway.access.keys import ClientKey
 from gateway.asgi import ARRIVED, CLIENT_GONE, LOOP, Receive, Scope, Send
 from gateway.config import GatewayConfig, RouteConfig
@@ -120,6 +120,7 @@ class CompletionEndpoint:
         count: PromptCount = NO_PROMPT
         client: ClientKey | None = None
         ticket: Ticket | None = None
+        held: BudgetHold | None = None
         queued = False
         try:
             if self._lifecycle.draining:
@@ -157,6 +158,7 @@ class CompletionEndpoint:
                 plan = self._pinned(route, inbound, view, headers, estimate)
             ex.pool, ex.rule = plan.pool, plan.rule
             ticket = self._admission.ticket(client, route, headers, estimate, inbound.max_tokens)
+            held = await self._access.hold(client, estimate, self._admission.output_tokens(inbound.max_tokens))
             backends, plan, queued = await self._admission.admit(plan, route.label, ticket)
             first = self._router.upstream_model(plan, backends[0], route.upstream_model, inbound.model)
             cap_edits, count = await self._caps.apply(route, inbound, view, backends[0], first or inbound.model)
@@ -216,7 +218,8 @@ class CompletionEndpoint:
                 self._pins.put(ex.answer_id, ex.backend_name)
             self._accounting.finish(ex)
             usage = ex.reported_usage()
-            self._access.account(client, usage, ex.prompt_estimate + ex.streamed_tokens if ex.sent_at else 0)
+            sent = ex.sent_at is not None
+            self._access.account(client, usage, ex.prompt_estimate if sent else 0, ex.streamed_tokens, held)
             if ex.outcome == "success" and usage is not None:
                 self._caps.learn(count, prompt_tokens(usage))
             if queued and ticket is not None:

@@ -213,18 +213,24 @@ class Router:
         return out
 
     def order(
-        self, pool: str, key: BalanceKey, now: float | None = None, only: tuple[str, ...] | None = None
+        self,
+        pool: str,
+        key: BalanceKey,
+        now: float | None = None,
+        only: tuple[str, ...] | None = None,
+        held_back: int = 0,
     ) -> tuple[list[Backend], bool, str | None]:
         """The pool's healthy backends with capacity (of `only`, when given: those that serve the
-        model), in the balancer's order; whether some healthy backend was left out only for being
-        full; and the conversation's learned home, if any."""
+        model; less `held_back` slots each, kept for higher classes), in the balancer's order;
+        whether some healthy backend was left out only for being full; and the conversation's
+        learned home, if any."""
         now = time.monotonic() if now is None else now
         candidates = self._registry.candidates(pool, now)
         if only is not None:
             candidates = [c for c in candidates if c.name in only]
         ordered, home = self._balancers[pool].decide(candidates, key)
         by_name = self._registry.by_name
-        backends = [by_name[c.name] for c in ordered if by_name[c.name].has_room()]
+        backends = [by_name[c.name] for c in ordered if by_name[c.name].has_room(held_back)]
         return backends, bool(ordered) and not backends, home
 
     def learn(self, plan: Plan, served: str) -> None:

@@ -73,6 +73,7 @@ EXPECTED_METRICS: Mapping[str, MetricSpec] = {
     "gateway_backend_load": MetricSpec("gauge", frozenset({"pool", "backend", "engine", "signal"})),
     "gateway_backend_scrape_age_seconds": MetricSpec("gauge", frozenset({"pool", "backend"})),
     "gateway_rate_limited": MetricSpec("counter", frozenset({"key", "limit"})),
+    "gateway_budget_used_tokens": MetricSpec("gauge", frozenset({"key", "period", "kind"})),
     "gateway_class_queue_wait_seconds": MetricSpec("histogram", frozenset({"pool", "priority", "key"})),
     "gateway_shed_requests": MetricSpec("counter", frozenset({"pool", "priority", "reason"})),
     "gateway_limiter_backend_up": MetricSpec("gauge", frozenset({"store"})),

@@ -6,7 +6,11 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from pydantic import ValidationError
 
+from gateway.config import SharingConfig
+from gateway.config_loader import parse_config
+from gateway.fleet.registry import Registry
 from gateway.policy.fairqueue import FairQueue, Ticket
 from gateway.policy.priority import request_rank
 
@@ -174,3 +178,37 @@ def test_removed_requests_are_never_served() -> None:
 )
 def test_request_rank(key: str | None, ceiling: str | None, route: str | None, header: str | None, rank: int) -> None:
     assert request_rank(key, ceiling, route, header) == rank  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("reserved", "expected"),
+    [({}, (0, 0, 0)), ({"interactive": 1}, (0, 1, 1)), ({"interactive": 2, "default": 1}, (0, 2, 3))],
+)
+def test_slots_held_back_by_class(reserved: dict[str, int], expected: tuple[int, int, int]) -> None:
+    sharing = SharingConfig.model_validate({"reserved": reserved})
+    assert tuple(sharing.held_back(rank) for rank in (INTERACTIVE, DEFAULT, BATCH)) == expected
+
+
+def _backends() -> Registry:
+    backends = [{"url": "http://127.0.0.1:9", "max_in_flight": 4}, {"url": "http://127.0.0.1:10"}]
+    data = {"pools": {"p": {"engine": "vllm", "backends": backends}}, "routes": [{"model": "m", "pools": ["p"]}]}
+    return Registry(parse_config(data, env={}))
+
+
+def test_a_backend_with_held_slots_is_full_early_but_keeps_its_last_slot() -> None:
+    registry = _backends()
+    backend = registry.by_name["p-0"]
+    backend.in_flight = 3
+    assert backend.has_room() and not backend.has_room(1)
+    backend.in_flight = 0
+    assert backend.has_room(4) and backend.has_room(9)  # the last slot is never held back
+    backend.in_flight = 1
+    assert not backend.has_room(4)
+    unlimited = registry.by_name["p-1"]
+    unlimited.in_flight = 10**6
+    assert unlimited.has_room(5)
+
+
+def test_batch_cannot_reserve_slots() -> None:
+    with pytest.raises(ValidationError, match="batch"):
+        SharingConfig.model_validate({"reserved": {"batch": 1}})
