@@ -23,7 +23,7 @@ from gateway.fleet.health import PassiveHealth
 from gateway.fleet.registry import Backend
 from gateway.metrics import GatewayMetrics
 from gateway.pipeline.accounting import Accounting
-from gateway.pipeline.exchange import Exchange
+from gateway.pipeline.exchange import Exchange, Outcome
 from gateway.pipeline.headers import for_backend
 from gateway.pipeline.relay import IdleEnd, Relay
 from gateway.pipeline.router import Plan, Router
@@ -68,8 +68,9 @@ class Attempts:
         plan: Plan,
         order: Sequence[Backend],
         owner: IdleEnd,
-    ) -> None:
-        """Raises GatewayError when nothing could be relayed; the caller renders it."""
+    ) -> Outcome:
+        """The relayed answer's outcome; raises GatewayError when nothing could be relayed (the
+        caller renders it)."""
         last_error: GatewayError | None = None
         bodies: dict[tuple[str | None, str], bytes] = {}
         for tried, backend in enumerate(order):  # every pass either attempts or leaves the loop
@@ -95,8 +96,8 @@ class Attempts:
                 self._capacity.release(backend)
                 if took_retry:
                     self._capacity.give_back_retry()
-            if failed is None:
-                return
+            if not isinstance(failed, GatewayError):
+                return failed
             last_error = failed
         raise last_error or NoHealthyBackend("No healthy backend is available.", retry_after=5)
 
@@ -114,9 +115,9 @@ class Attempts:
         first: bool,
         bodies: dict[tuple[str | None, str], bytes],
         owner: IdleEnd,
-    ) -> GatewayError | None:
-        """One attempt on `backend`: None when it answered (relayed, or an error passed on by
-        raising), or the error that lets the next backend try."""
+    ) -> GatewayError | Outcome:
+        """One attempt on `backend`: the outcome when it answered (an error it passed on is
+        raised), or the error that lets the next backend try."""
         target = protocol.target(inbound, backend.engine)
         upstream_model = self._router.upstream_model(plan, backend, model, inbound.model)
         body = bodies.get((upstream_model, target.path))
@@ -151,9 +152,9 @@ class Attempts:
             ex.headers.append((b"x-gateway-model", upstream_model.encode("latin-1", "replace")))
         try:
             if inbound.stream:
-                await self._relay.stream(ex, send, resp, protocol, inbound, edits, target, owner)
+                outcome = await self._relay.stream(ex, send, resp, protocol, inbound, edits, target, owner)
             else:
-                await self._relay.body(ex, send, resp, protocol, inbound, target)
+                outcome = await self._relay.body(ex, send, resp, protocol, inbound, target)
         except (UpstreamError, UpstreamTimeout) as exc:
             # The backend failed after its headers but before any byte reached the client
             # (defect 7): its failure, and another backend may still answer. A first-token
@@ -162,9 +163,9 @@ class Attempts:
             if ex.response_started or isinstance(exc, UpstreamTimeout | UpstreamTooLarge):
                 raise
             return exc
-        if ex.outcome == "success":
+        if outcome == "success":
             self._health.success(backend)
-        return None
+        return outcome
 
     def _said_dropped(self, ex: Exchange, inbound: Inbound) -> None:
         """x-gateway-dropped names what the translation left out; the metric counts it by name."""

@@ -166,7 +166,7 @@ class CompletionEndpoint:
             ex.prompt_estimate, ex.prompt_exact = count.estimate, count.exact
             edits = protocol.base_edits(inbound).then(cap_edits)
             ex.headers.extend(edits.headers)
-            await self._attempts.run(
+            ex.outcome = await self._attempts.run(
                 ex,
                 send,
                 protocol,
@@ -179,8 +179,7 @@ class CompletionEndpoint:
                 ending,
             )
         except GatewayError as err:
-            if ex.outcome is None:
-                ex.outcome = _outcome_for(err)
+            ex.outcome = _outcome_for(err)
             if not ex.response_started:
                 await _send_error(send, protocol, err, ex)
         except Exception:  # a bug: still one error body and one outcome, never a bare traceback
@@ -198,8 +197,9 @@ class CompletionEndpoint:
                 task.uncancel()
                 cut = StreamCut("timeout_idle", f"Backend {ex.backend_name} stalled mid-stream.")
                 try:
-                    await self._relay.cut(ex, send, protocol, cut)
+                    ex.outcome = await self._relay.cut(ex, send, protocol, cut)
                 except GatewayError as err:  # stalled before the client got its headers
+                    ex.outcome = _outcome_for(err)
                     await _send_error(send, protocol, err, ex)
             elif self._lifecycle.draining:
                 # The drain deadline passed with this request still running: tell the client, once.

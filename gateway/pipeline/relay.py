@@ -187,7 +187,8 @@ class Relay:
         protocol: ProtocolAdapter,
         inbound: Inbound,
         target: Target,
-    ) -> None:
+    ) -> Outcome:
+        """Relay a whole answer; its outcome (the request's owner records it)."""
         raw = await resp.read(max(self._idle_s, self._first_token_s), self._max_response_bytes)
         resp.release()
         ex.answer_id = protocol.answer_id(raw)
@@ -224,7 +225,7 @@ class Relay:
         )
         ex.response_started = True
         await send({"type": "http.response.body", "body": out, "more_body": False})
-        ex.outcome = "success"
+        return "success"
 
     async def stream(
         self,
@@ -236,9 +237,10 @@ class Relay:
         edits: Edits,
         target: Target,
         owner: IdleEnd,
-    ) -> None:
-        """Relay a stream. A client leaving, the idle limit and the drain deadline all arrive here as
-        a cancellation from the request's owner, which knows why; this only closes the upstream."""
+    ) -> Outcome:
+        """Relay a stream; its outcome (the request's owner records it). A client leaving, the idle
+        limit and the drain deadline all arrive here as a cancellation from the request's owner,
+        which knows why; this only closes the upstream."""
         observer = protocol.observer(inbound, edits, target)
         observer.limit_events(self._max_event_bytes)
         transform = protocol.stream_transform(inbound, target)
@@ -304,19 +306,19 @@ class Relay:
             if transform is not None:
                 rest = transform.feed(rest) + transform.finish()
             await send({"type": "http.response.body", "body": rest, "more_body": False})
-            ex.outcome = "success"
             resp.release()
+            return "success"
         except StreamCut as cut:
             resp.close()
-            await self.cut(ex, send, protocol, cut)
+            return await self.cut(ex, send, protocol, cut)
         except EventTooLarge as too_large:  # the engine misbehaves: cut it off, and count it against the backend
             # (its own name: mypyc types an `as` name once per function, by its first except clause)
             resp.close()
             message = f"Backend {ex.backend_name} sent an event longer than {too_large.limit} bytes."
-            await self.cut(ex, send, protocol, StreamCut("upstream_error_midstream", message))
+            return await self.cut(ex, send, protocol, StreamCut("upstream_error_midstream", message))
         except (UpstreamError, UpstreamTimeout) as exc:  # a read failed mid-stream (mapped in upstream.py)
             resp.close()
-            await self.cut(ex, send, protocol, StreamCut("upstream_error_midstream", exc.message))
+            return await self.cut(ex, send, protocol, StreamCut("upstream_error_midstream", exc.message))
         except BaseException:  # cancelled (client left, idle, drain) or a bug: stop the engine's work
             resp.close()
             raise
@@ -360,17 +362,19 @@ class Relay:
         await send({"type": "http.response.start", "status": 200, "headers": [*SSE, *response_headers(ex)]})
         ex.response_started = True
 
-    async def cut(self, ex: Exchange, send: Send, protocol: ProtocolAdapter, cut: StreamCut) -> None:
+    async def cut(self, ex: Exchange, send: Send, protocol: ProtocolAdapter, cut: StreamCut) -> Outcome:
         """A stream that broke after the client got its headers: one error event, and no
         [DONE], so the client can tell a cut-off answer from a finished one; the backend gets a
         failure (docs/reliability.md defect 8), unless the stall was the client's (not reading).
         Before the client got its headers it raises instead, and the attempts count and retry.
         While the gateway drains, a backend that goes away is taken to go with it (one Ctrl-C stops
-        both): the event says the gateway is shutting down, and nothing is counted against it."""
+        both): the event says the gateway is shutting down, and nothing is counted against it.
+        Returns the request's outcome, for its owner to record."""
+        outcome: Outcome = cut.outcome
         if self._lifecycle.draining and cut.outcome == "upstream_error_midstream":
             if not ex.response_started:
                 raise ShuttingDown()
-            ex.outcome = "overloaded"
+            outcome = "overloaded"
             event = protocol.error_body(ShuttingDown())
             last = b"data: " + event + b"\n\n"
         else:
@@ -378,7 +382,6 @@ class Relay:
                 if cut.outcome == "timeout_ttfb":
                     raise UpstreamTimeout(cut.message)
                 raise UpstreamError(cut.message, code="upstream_disconnected")
-            ex.outcome = cut.outcome
             kind = cut.outcome if cut.outcome in ("timeout_idle", "timeout_ttfb") else "midstream"
             if ex.backend is not None:
                 self._passive.failure(ex.backend, kind, penalise=not ex.client_stalled)
@@ -388,6 +391,7 @@ class Relay:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(5):
                 await send({"type": "http.response.body", "body": last, "more_body": False})
+        return outcome
 
 
 def _first_event_error(error: dict[str, object], backend: Backend) -> GatewayError:
