@@ -12,7 +12,7 @@ from typing import Annotated, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 EngineKind = Literal["vllm", "sglang", "llamacpp", "trtllm", "lmdeploy", "nim", "ollama", "openai", "sim"]
-BalancerKind = Literal["least_load", "prefix_affinity", "round_robin", "session", "first_healthy"]
+BalancerKind = Literal["least_load", "prefix_affinity", "round_robin", "session", "first_healthy", "kv_events"]
 PlatformName = Literal["auto", "mac", "no_nvidia_gpu", "nvidia_gpu"]
 Priority = Literal["interactive", "default", "batch"]
 """Priority classes, highest first (gateway/policy/priority.py ranks them; docs/sharing.md)."""
@@ -215,6 +215,14 @@ class PoolConfig(_Model):
     """prefix_affinity: the favourite may also run this many requests above the mean load, so that
     small pools at low load keep their caches instead of spilling on every chance imbalance."""
     """prefix_affinity spills to the next choice past (1+epsilon) x the pool's mean load."""
+    kv_epsilon: Annotated[float, Field(ge=0)] = 0.2
+    """kv_events: the backend holding the longest cached prefix keeps the request until it would
+    carry more than (1+kv_epsilon) x the pool's mean load (requests decided and not yet started
+    count), then the least loaded takes it."""
+    kv_saturation_waiting: Annotated[int, Field(ge=1)] | None = 4
+    """kv_events: an engine reporting this many queued requests (a fresh scrape) is saturated."""
+    kv_saturation_kv_usage: Annotated[float, Field(gt=0, le=1)] | None = 0.95
+    """kv_events: an engine reporting its KV cache this full (a fresh scrape) is saturated."""
 
 
 class RuleWhen(_Model):
