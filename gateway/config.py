@@ -179,6 +179,29 @@ class RoutingConfig(_Model):
     shared_prefix: SharedPrefixConfig = SharedPrefixConfig()
 
 
+class KVEventsSource(_Model):
+    """Where an engine publishes its KV events (vLLM's and SGLang's `--kv-events-config`)."""
+
+    endpoint: str
+    """The engine's PUB socket as a subscriber connects to it: `tcp://HOST:PORT` for an engine
+    started with `"endpoint": "tcp://*:PORT"` (which makes it bind)."""
+    replay_endpoint: str | None = None
+    """The engine's replay (ROUTER) socket, `tcp://HOST:PORT`; without it a missed batch stays missed."""
+    topic: str = ""
+    """The engine's `topic` (a prefix filter; empty: every message)."""
+
+    @model_validator(mode="after")
+    def _check_endpoints(self) -> KVEventsSource:
+        for name, value in (("endpoint", self.endpoint), ("replay_endpoint", self.replay_endpoint)):
+            if value is None:
+                continue
+            if not re.match(r"^(tcp://[^*\s]+:\d+|ipc://\S+)$", value):
+                raise ValueError(
+                    f"{name} must be tcp://HOST:PORT (the engine's host, not *) or ipc://PATH, got {value!r}"
+                )
+        return self
+
+
 class BackendConfig(_Model):
     url: str
     name: Annotated[str, Field(pattern=_NAME_PATTERN)] | None = None
@@ -195,6 +218,14 @@ class BackendConfig(_Model):
     discover: bool = False
     """Resolve the URL's host name every health round and make each address a backend: the
     headless-Service DNS of Kubernetes, where one name lists every engine pod."""
+    kv_events: KVEventsSource | None = None
+    """The engine's KV-event stream, for the `kv_events` balancer (needs the `kv-events` extra)."""
+
+    @model_validator(mode="after")
+    def _check_kv_events(self) -> BackendConfig:
+        if self.kv_events is not None and self.discover:
+            raise ValueError("kv_events names one engine's stream: give each engine its own entry, not discover")
+        return self
 
     @model_validator(mode="after")
     def _check_url(self) -> BackendConfig:

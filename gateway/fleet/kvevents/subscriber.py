@@ -56,7 +56,7 @@ class EventSubscriber:
         name: str = "",
     ) -> None:
         self._ctx = ctx
-        self._endpoint = endpoint
+        self.endpoint = endpoint
         self._replay_endpoint = replay_endpoint
         self._topic = topic.encode()
         self._engine = engine
@@ -71,7 +71,7 @@ class EventSubscriber:
         sub = self._ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.SUBSCRIBE, self._topic)
         sub.setsockopt(zmq.LINGER, 0)
-        sub.connect(self._endpoint)
+        sub.connect(self.endpoint)
         self.connected.set()
         try:
             while True:
