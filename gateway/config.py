@@ -12,7 +12,7 @@ from typing import Annotated, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 EngineKind = Literal["vllm", "sglang", "llamacpp", "trtllm", "lmdeploy", "nim", "ollama", "openai", "sim"]
-BalancerKind = Literal["least_load", "prefix_affinity", "round_robin", "session", "first_healthy"]
+BalancerKind = Literal["least_load", "prefix_affinity", "round_robin", "session", "first_healthy", "kv_events"]
 PlatformName = Literal["auto", "mac", "no_nvidia_gpu", "nvidia_gpu"]
 Priority = Literal["interactive", "default", "batch"]
 """Priority classes, highest first (gateway/policy/priority.py ranks them; docs/sharing.md)."""
@@ -205,6 +205,29 @@ class RoutingConfig(_Model):
     shared_prefix: SharedPrefixConfig = SharedPrefixConfig()
 
 
+class KVEventsSource(_Model):
+    """Where an engine publishes its KV events (vLLM's and SGLang's `--kv-events-config`)."""
+
+    endpoint: str
+    """The engine's PUB socket as a subscriber connects to it: `tcp://HOST:PORT` for an engine
+    started with `"endpoint": "tcp://*:PORT"` (which makes it bind)."""
+    replay_endpoint: str | None = None
+    """The engine's replay (ROUTER) socket, `tcp://HOST:PORT`; without it a missed batch stays missed."""
+    topic: str = ""
+    """The engine's `topic` (a prefix filter; empty: every message)."""
+
+    @model_validator(mode="after")
+    def _check_endpoints(self) -> KVEventsSource:
+        for name, value in (("endpoint", self.endpoint), ("replay_endpoint", self.replay_endpoint)):
+            if value is None:
+                continue
+            if not re.match(r"^(tcp://[^*\s]+:\d+|ipc://\S+)$", value):
+                raise ValueError(
+                    f"{name} must be tcp://HOST:PORT (the engine's host, not *) or ipc://PATH, got {value!r}"
+                )
+        return self
+
+
 class BackendConfig(_Model):
     url: str
     name: Annotated[str, Field(pattern=_NAME_PATTERN)] | None = None
@@ -221,6 +244,14 @@ class BackendConfig(_Model):
     discover: bool = False
     """Resolve the URL's host name every health round and make each address a backend: the
     headless-Service DNS of Kubernetes, where one name lists every engine pod."""
+    kv_events: KVEventsSource | None = None
+    """The engine's KV-event stream, for the `kv_events` balancer (needs the `kv-events` extra)."""
+
+    @model_validator(mode="after")
+    def _check_kv_events(self) -> BackendConfig:
+        if self.kv_events is not None and self.discover:
+            raise ValueError("kv_events names one engine's stream: give each engine its own entry, not discover")
+        return self
 
     @model_validator(mode="after")
     def _check_url(self) -> BackendConfig:
@@ -241,6 +272,14 @@ class PoolConfig(_Model):
     """prefix_affinity: the favourite may also run this many requests above the mean load, so that
     small pools at low load keep their caches instead of spilling on every chance imbalance."""
     """prefix_affinity spills to the next choice past (1+epsilon) x the pool's mean load."""
+    kv_epsilon: Annotated[float, Field(ge=0)] = 0.2
+    """kv_events: the backend holding the longest cached prefix keeps the request until it would
+    carry more than (1+kv_epsilon) x the pool's mean load (requests decided and not yet started
+    count), then the least loaded takes it."""
+    kv_saturation_waiting: Annotated[int, Field(ge=1)] | None = 4
+    """kv_events: an engine reporting this many queued requests (a fresh scrape) is saturated."""
+    kv_saturation_kv_usage: Annotated[float, Field(gt=0, le=1)] | None = 0.95
+    """kv_events: an engine reporting its KV cache this full (a fresh scrape) is saturated."""
 
 
 class RuleWhen(_Model):

@@ -68,6 +68,9 @@ class GatewayMetrics:
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self._series: dict[tuple[str, str, str, str], RequestSeries] = {}
         r = self.registry = CollectorRegistry(auto_describe=True)
+        self.features: dict[str, Any] = {}
+        """Collectors a feature registers once on this registry and re-points at each reload's
+        gateway (fleet/kvevents/fleet.py's KVEventCollector), by feature name."""
         # The user's lens: one sample per request.
         self.ttft = FineHistogram(
             "gateway_time_to_first_token_seconds",

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -31,6 +31,7 @@ from gateway.pipeline.attempts import Attempts
 from gateway.pipeline.endpoint import CompletionEndpoint
 from gateway.pipeline.enforcer import CapEnforcer
 from gateway.pipeline.lifecycle import Lifecycle
+from gateway.pipeline.prompt_tokens import PromptTokens
 from gateway.pipeline.relay import Relay
 from gateway.pipeline.router import Router
 from gateway.pipeline.stored import StoredResponses
@@ -39,6 +40,9 @@ from gateway.protocols.base import ProtocolAdapter
 from gateway.protocols.catalog import ENDPOINTS, REASONING_COPY
 from gateway.protocols.response_store import ResponseStore
 from gateway.upstream.client import UpstreamClient
+
+if TYPE_CHECKING:
+    from gateway.fleet.kvevents.fleet import KVEventFleet
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +69,9 @@ class Gateway:
     access: AccessGate
     responses: ResponseStore
     """Responses id -> the backend that holds it (kept across reloads)."""
+    kv_events: KVEventFleet | None = None
+    """The backends' KV-event subscribers; None unless a backend names `kv_events`."""
+    tokens: PromptTokens | None = None
 
 
 def access_gate(config: GatewayConfig, metrics: GatewayMetrics, memory: MemoryStore | None = None) -> AccessGate:
@@ -96,7 +103,13 @@ def build(
     upstream = UpstreamClient(config.timeouts)
     resolved = platform or resolve_platform(config.routing.platform)
     lifecycle = lifecycle or Lifecycle()
-    router = Router(config, registry, metrics, resolved)
+    kv_events = None
+    if any(b.kv_events is not None for pool in config.pools.values() for b in pool.backends):
+        # Imported only here: a gateway without event sources loads neither pyzmq nor msgpack.
+        from gateway.fleet.kvevents.fleet import follow
+
+        kv_events = follow(config, metrics)
+    router = Router(config, registry, metrics, resolved, kv_events)
     accounting = Accounting(metrics)
     timeouts = config.timeouts
     passive = PassiveHealth(health_state, metrics)
@@ -129,6 +142,8 @@ def build(
         lifecycle=lifecycle,
         access=access_gate(config, metrics, memory),
         responses=responses or ResponseStore(config.limits.max_response_ids),
+        kv_events=kv_events,
+        tokens=PromptTokens(config, registry, upstream, set(kv_events.subscribers)) if kv_events else None,
     )
 
 
@@ -168,6 +183,7 @@ def _assemble(gw: Gateway) -> _Served:
             gw.lifecycle,
             gw.responses,
             variants=_variants(protocol, gw.config),
+            tokens=gw.tokens,
         )
         for protocol in ENDPOINTS
     ]
@@ -204,12 +220,18 @@ async def _start(served: _Served) -> None:
         asyncio.create_task(gw.health.run(), name="health"),
         asyncio.create_task(gw.scraper.run(), name="scraper"),
     ]
+    if gw.kv_events is not None:
+        served.tasks += gw.kv_events.start()
+        for name, sub in gw.kv_events.subscribers.items():
+            log.info("backend %s streams KV events from %s", name, sub.endpoint)
 
 
 async def _stop(served: _Served) -> None:
     for task in served.tasks:
         task.cancel()
     await asyncio.gather(*served.tasks, return_exceptions=True)
+    if served.gateway.kv_events is not None:
+        served.gateway.kv_events.close()
     await served.gateway.upstream.close()
     await served.gateway.access.close()
 

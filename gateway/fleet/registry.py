@@ -40,6 +40,8 @@ class Backend:
     consecutive_failures: int = 0
     failed_checks: int = 0
     in_flight: int = 0
+    decided: int = 0
+    """Requests routed here whose attempt has not started (pipeline/router.py's kv_events plans)."""
     load: EngineLoad | None = None
     labels: dict[str, str] = field(default_factory=dict)
     retired: bool = False
@@ -83,6 +85,7 @@ class Backend:
             load_fresh=fresh,
             max_in_flight=self.max_in_flight,
             ramp=ramp,
+            decided=self.decided,
         )
 
 

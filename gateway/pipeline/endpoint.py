@@ -38,6 +38,7 @@ from gateway.pipeline.enforcer import NO_PROMPT, CapEnforcer, PromptCount
 from gateway.pipeline.exchange import Exchange, Outcome
 from gateway.pipeline.headers import error_headers, upstream_headers
 from gateway.pipeline.lifecycle import Lifecycle
+from gateway.pipeline.prompt_tokens import PromptTokens
 from gateway.pipeline.relay import EndReason, Relay, StreamCut
 from gateway.pipeline.router import Plan, Router
 from gateway.policy.fairqueue import Ticket
@@ -79,6 +80,7 @@ class CompletionEndpoint:
         lifecycle: Lifecycle,
         pins: ResponseStore | None = None,
         variants: Mapping[str, ProtocolAdapter] | None = None,
+        tokens: PromptTokens | None = None,
     ) -> None:
         self.protocol = protocol
         # Route label -> the adapter that route gets instead (reasoning_content: copy); empty for most.
@@ -93,6 +95,8 @@ class CompletionEndpoint:
         self._relay = relay
         self._accounting = accounting
         self._lifecycle = lifecycle
+        self._tokens = tokens
+        """Token ids for the kv_events pools' cache match; None: no pool routes from KV events."""
         self._pins = pins if pins is not None else ResponseStore()
         """Which backend holds which stored answer (Responses ids); shared by the endpoints that use it."""
         # Request ids: a random per-endpoint prefix and a counter; os.urandom per request was a syscall.
@@ -122,6 +126,8 @@ class CompletionEndpoint:
         ticket: Ticket | None = None
         held: BudgetHold | None = None
         queued = False
+        decided: Plan | None = None
+        """A kv_events plan whose decision still counts as pending load on its backend."""
         try:
             if self._lifecycle.draining:
                 raise NoHealthyBackend("The gateway is shutting down.", code="draining", retry_after=1)
@@ -153,7 +159,13 @@ class CompletionEndpoint:
             view = protocol.estimate_view(inbound)
             estimate = self._caps.routing_estimate(route, inbound, view)
             if inbound.pin is None:
-                plan = self._router.plan(route, inbound, view, headers, estimate, resolved.name)
+                ids = None
+                if self._tokens is not None and self._tokens.wanted(route):
+                    ids = await self._tokens.ids(route, resolved.name, view)
+                plan = self._router.plan(route, inbound, view, headers, estimate, resolved.name, ids)
+                decided = plan
+                if plan.explanation is not None:
+                    ex.headers.append((b"x-gateway-balancer", plan.explanation.encode("latin-1", "replace")))
             else:
                 plan = self._pinned(route, inbound, view, headers, estimate)
             ex.pool, ex.rule = plan.pool, plan.rule
@@ -166,6 +178,9 @@ class CompletionEndpoint:
             ex.prompt_estimate, ex.prompt_exact = count.estimate, count.exact
             edits = protocol.base_edits(inbound).then(cap_edits)
             ex.headers.extend(edits.headers)
+            if decided is not None:  # the attempt takes its in_flight slot before it first awaits
+                self._router.started(decided)
+                decided = None
             ex.outcome = await self._attempts.run(
                 ex,
                 send,
@@ -209,6 +224,8 @@ class CompletionEndpoint:
             else:
                 raise
         finally:
+            if decided is not None:
+                self._router.started(decided)
             ending.finished = True
             if watcher is not None:
                 watcher.cancel()

@@ -8,13 +8,14 @@ memory learns only from what served (learn(), called once the first byte arrived
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol
 
 from gateway.config import GatewayConfig, RouteConfig
 from gateway.fleet.registry import Backend, Registry
 from gateway.metrics import GatewayMetrics
-from gateway.policy.balancer import BalanceKey, Balancer, make_balancer
+from gateway.policy.balancer import BalanceKey, Balancer, KVEvents, make_balancer
+from gateway.policy.cached_prefix import CachedPrefix
 from gateway.policy.models import ModelNames, Resolved, choose_pool, upstream_model
 from gateway.policy.prefix import (
     PrefixTracker,
@@ -47,11 +48,30 @@ class Plan:
     """The pool's backends that serve the model, when not all of them do."""
     wildcard: bool = False
     """The route is a glob: a name the chosen backend does not serve is rewritten to the one it does."""
+    reserved: Backend | None = None
+    """kv_events: the backend whose `decided` count this plan holds until its attempt starts."""
+    explanation: str | None = None
+    """The balancer's account of its choice (x-gateway-balancer), where it gives one."""
+
+
+class CacheView(Protocol):
+    """What the engines' KV events say each backend holds (fleet/kvevents/fleet.py)."""
+
+    def cached(self, names: Iterable[str], tokens: Sequence[int]) -> CachedPrefix: ...
 
 
 class Router:
-    def __init__(self, config: GatewayConfig, registry: Registry, metrics: GatewayMetrics, platform: Platform) -> None:
+    def __init__(
+        self,
+        config: GatewayConfig,
+        registry: Registry,
+        metrics: GatewayMetrics,
+        platform: Platform,
+        kv: CacheView | None = None,
+    ) -> None:
         self._config = config
+        self._kv = kv
+        self._kv_pools = frozenset(name for name, p in config.pools.items() if p.balancer == "kv_events")
         self._registry = registry
         self._metrics = metrics
         self._platform = platform
@@ -60,9 +80,10 @@ class Router:
         self._balancers: dict[str, Balancer] = {
             name: make_balancer(pool.balancer, pool) for name, pool in config.pools.items()
         }
-        self._anchored = frozenset(name for name, p in config.pools.items() if p.balancer == "prefix_affinity")
+        hashing = ("prefix_affinity", "kv_events")
+        self._anchored = frozenset(name for name, p in config.pools.items() if p.balancer in hashing)
         """The pools whose balancer reads a conversation's anchor (no other one does: not computed)."""
-        self._needs_prefix = any(p.balancer == "prefix_affinity" for p in config.pools.values()) or any(
+        self._needs_prefix = any(p.balancer in hashing for p in config.pools.values()) or any(
             rule.when.shared_prefix is not None for r in config.routes for rule in r.rules
         )
 
@@ -131,8 +152,10 @@ class Router:
         headers: dict[str, str],
         prompt_tokens: int = 0,
         model: str = "",
+        tokens: Sequence[int] | None = None,
     ) -> Plan:
-        """`model` is the name after aliases (default: the client's)."""
+        """`model` is the name after aliases (default: the client's); `tokens` the prompt's token
+        ids, for a kv_events pool (None: not known)."""
         now = time.monotonic()
         name = model or inbound.model
         facts, fp = self.facts(route, inbound, view, headers, prompt_tokens, now, name)
@@ -152,14 +175,28 @@ class Router:
         anchor_key = anchor.key if anchor else None
         if anchor is not None and session is not None:
             anchor_key = session_anchor(session)  # an agent's session first, its first message after
+        cached = None
+        if tokens and self._kv is not None and decision.pool in self._kv_pools:
+            cached = self._kv.cached((b.name for b in self._registry.pools.get(decision.pool, ())), tokens)
         key = BalanceKey(
             fingerprint=fp,
             session=session,
             anchor=anchor_key,
             anchor_block=anchor.block if anchor else 0,
+            cached=cached,
         )
         only = healthy.get(decision.pool)
-        backends, saturated, home = self.order(decision.pool, key, now, only)
+        reserved, explanation = None, None
+        if decision.pool in self._kv_pools:
+            backends, saturated, explanation = self._order_kv(decision.pool, key, now, only)
+            if backends:
+                # Load at decision time: admission and the caps' count may await before the
+                # attempt takes its in_flight slot, and a burst decided meanwhile must see this one.
+                reserved = backends[0]
+                reserved.decided += 1
+            home = None
+        else:
+            backends, saturated, home = self.order(decision.pool, key, now, only)
         return Plan(
             pool=decision.pool,
             rule=decision.rule,
@@ -172,7 +209,30 @@ class Router:
             model=name,
             only=only,
             wildcard=route.is_glob,
+            reserved=reserved,
+            explanation=explanation,
         )
+
+    def _order_kv(
+        self, pool: str, key: BalanceKey, now: float, only: tuple[str, ...] | None
+    ) -> tuple[list[Backend], bool, str | None]:
+        """order() for a kv_events pool, with the balancer's explanation of its choice."""
+        balancer = self._balancers[pool]
+        assert isinstance(balancer, KVEvents)
+        candidates = self._registry.candidates(pool, now)
+        if only is not None:
+            candidates = [c for c in candidates if c.name in only]
+        ordered, choice = balancer.choose(candidates, key)
+        by_name = self._registry.by_name
+        backends = [by_name[c.name] for c in ordered if by_name[c.name].has_room()]
+        return backends, bool(ordered) and not backends, choice.explanation if choice is not None else None
+
+    @staticmethod
+    def started(plan: Plan) -> None:
+        """The plan's attempt took its in_flight slot (or the request ended before one): the
+        decision no longer counts as pending load. Call once per plan."""
+        if plan.reserved is not None:
+            plan.reserved.decided -= 1
 
     def pinned(
         self,

@@ -1,5 +1,6 @@
 """Balancers: put a pool's healthy backends in preference order for one request (least_load,
-prefix_affinity, round_robin, session, first_healthy). Pure: state is in-object, time is passed in."""
+prefix_affinity, round_robin, session, first_healthy, kv_events). Pure: state is in-object, time is
+passed in."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Protocol
 
 from engines.base import EngineLoad
 from gateway.config import BalancerKind, PoolConfig
+from gateway.policy.cached_prefix import CachedPrefix, EngineState, KVChoice, Saturation, choose
 from gateway.value import value
 
 WAITING_WEIGHT = 1.0
@@ -35,6 +37,9 @@ class Candidate:
     max_in_flight: int | None = None
     ramp: float = 1.0
     """Slow start: 0 just after re-admission, 1 once health.slow_start_s has passed."""
+    decided: int = 0
+    """Requests routed here that have not started their attempt yet (queued for admission, their
+    caps being counted): load at decision time, which in_flight counts only from the attempt."""
 
 
 @value
@@ -49,6 +54,8 @@ class BalanceKey:
     """A hash of the chat's first non-system message: the conversation's identity (prefix.Anchor)."""
     anchor_block: int = 0
     """The first fingerprint block past the shared head (system prompt and tools)."""
+    cached: CachedPrefix | None = None
+    """kv_events: the prompt's blocks each backend's KV events say it holds; None when not computed."""
 
 
 class Balancer(Protocol):
@@ -231,6 +238,52 @@ class PrefixAffinity:
         return best
 
 
+class KVEvents(_NoMemory):
+    """From what the engines report they cache (gateway.policy.cached_prefix): the longest cached
+    prefix while its backend is not saturated, else the least loaded; with nothing cached, a
+    rendezvous hash of the conversation under the same load bound. Loads include requests decided
+    and not yet started, so that a burst decided together spreads instead of landing on one
+    backend. Every replica that hears the same events decides the same (up to load)."""
+
+    def __init__(self, saturation: Saturation) -> None:
+        self._saturation = saturation
+
+    def order(self, candidates: Sequence[Candidate], key: BalanceKey) -> list[Candidate]:
+        return self.choose(candidates, key)[0]
+
+    def choose(self, candidates: Sequence[Candidate], key: BalanceKey) -> tuple[list[Candidate], KVChoice | None]:
+        """The order, and the decision with its explanation (None: no candidates)."""
+        if not candidates:
+            return [], None
+        states = [_state(c) for c in candidates]
+        seed = _hash_seed(key)
+        hashed = [c.name for c in rendezvous(seed, candidates)] if seed is not None else []
+        choice = choose(states, hashed, key.cached, self._saturation)
+        loads = {s.name: s.load for s in states}
+        first = next(c for c in candidates if c.name == choice.favourite)
+        rest = sorted((c for c in candidates if c is not first), key=lambda c: (loads[c.name], c.name))
+        return _saturated_last([first, *rest]), choice
+
+
+def _state(c: Candidate) -> EngineState:
+    load = candidate_load(c) + c.decided
+    if c.load_fresh and c.load is not None:
+        return EngineState(c.name, load, c.load.waiting, c.load.kv_usage)
+    return EngineState(c.name, load)
+
+
+def _hash_seed(key: BalanceKey) -> bytes | None:
+    """The conversation's identity for the fallback hash: its anchor, else its session, else the
+    prompt's first block."""
+    if key.anchor is not None:
+        return key.anchor.to_bytes(8, "big")
+    if key.session is not None:
+        return key.session.encode("utf-8", "surrogatepass")
+    if key.fingerprint:
+        return key.fingerprint[0].to_bytes(8, "big")
+    return None
+
+
 def make_balancer(kind: BalancerKind, pool: PoolConfig) -> Balancer:
     if kind == "least_load":
         return LeastLoad()
@@ -242,4 +295,6 @@ def make_balancer(kind: BalancerKind, pool: PoolConfig) -> Balancer:
         return Session()
     if kind == "first_healthy":
         return FirstHealthy()
+    if kind == "kv_events":
+        return KVEvents(Saturation(pool.kv_epsilon, pool.kv_saturation_waiting, pool.kv_saturation_kv_usage))
     raise ValueError(f"unknown balancer {kind!r}")

@@ -1,0 +1,157 @@
+"""Decode the msgpack `EventBatch` that vLLM and SGLang publish on their KV-event socket into
+BlockStored / BlockRemoved / AllBlocksCleared values. Both engines encode the batch as an array
+(`[ts, events, dp_rank]`) and each event as a msgspec tagged struct: a map with a `type` key
+(vLLM >= 0.11, SGLang 0.5) or, from older releases, an array whose first item is the tag. Block
+hashes are ints or bytes. Unknown event types and fields are skipped: both engines add fields."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import msgpack
+
+from gateway.value import value
+
+BlockHash = int | bytes
+"""An engine's own block hash: only compared, never recomputed."""
+
+# The positional fields of the array-shaped structs, after the tag, in each engine's declared order
+# (vllm/distributed/kv_events.py, sglang/srt/disaggregation/kv_events.py).
+STORED_FIELDS: dict[str, tuple[str, ...]] = {
+    "vllm": (
+        "block_hashes",
+        "parent_block_hash",
+        "token_ids",
+        "block_size",
+        "lora_id",
+        "medium",
+        "lora_name",
+        "extra_keys",
+    ),
+    "sglang": ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "cache_salt"),
+}
+REMOVED_FIELDS = ("block_hashes", "medium")
+
+
+class EventDecodeError(ValueError):
+    """A payload that is not an EventBatch."""
+
+
+@value
+class BlockStored:
+    block_hashes: tuple[BlockHash, ...]
+    parent_block_hash: BlockHash | None
+    token_ids: tuple[int, ...]
+    block_size: int
+    lora_name: str | None = None
+    cache_salt: str | None = None
+    medium: str | None = None
+    extra_keys: tuple[Any, ...] | None = None
+    """vLLM: one entry per block, untagged: the LoRA name, (mm identifier, offset) pairs, the cache
+    salt (first block only), prompt-embedding digests; None where a block has none."""
+    kind: str | None = None
+    """The KV cache group's kind (vLLM's kv_cache_spec_kind); None when the engine does not say."""
+
+
+@value
+class BlockRemoved:
+    block_hashes: tuple[BlockHash, ...]
+    medium: str | None = None
+
+
+@value
+class AllBlocksCleared:
+    pass
+
+
+KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+@value
+class EventBatch:
+    ts: float
+    events: tuple[KVEvent, ...]
+    rank: int | None = None
+    """The data-parallel (vLLM) or attention-DP (SGLang) rank that published it."""
+
+
+def decode_batch(payload: bytes, engine: str = "vllm") -> EventBatch:
+    """The batch in one msgpack payload; `engine` picks the field order of array-shaped events."""
+    try:
+        raw = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+    except (ValueError, msgpack.UnpackException) as exc:
+        raise EventDecodeError(f"not msgpack: {exc}") from None
+    if isinstance(raw, Mapping):
+        ts, events, rank = raw.get("ts"), raw.get("events"), raw.get("data_parallel_rank", raw.get("attn_dp_rank"))
+    elif isinstance(raw, list) and len(raw) >= 2:
+        ts, events, rank = raw[0], raw[1], raw[2] if len(raw) > 2 else None
+    else:
+        raise EventDecodeError("an EventBatch is [ts, events, rank]")
+    if not isinstance(ts, int | float) or not isinstance(events, list):
+        raise EventDecodeError("an EventBatch is [ts, events, rank]")
+    fields = STORED_FIELDS.get(engine, STORED_FIELDS["vllm"])
+    decoded = tuple(e for item in events if (e := decode_event(item, fields)) is not None)
+    return EventBatch(float(ts), decoded, rank if isinstance(rank, int) else None)
+
+
+def decode_event(item: Any, stored_fields: Sequence[str] = STORED_FIELDS["vllm"]) -> KVEvent | None:
+    """One event, or None for a type this gateway does not use."""
+    if isinstance(item, Mapping):
+        tag, fields = item.get("type"), item
+    elif isinstance(item, list) and item and isinstance(item[0], str):
+        tag = item[0]
+        names = stored_fields if tag == "BlockStored" else REMOVED_FIELDS
+        fields = dict(zip(names, item[1:], strict=False))
+    else:
+        raise EventDecodeError(f"an event is a tagged map or array, got {type(item).__name__}")
+    if tag == "BlockStored":
+        return _stored(fields)
+    if tag == "BlockRemoved":
+        return BlockRemoved(_hashes(fields.get("block_hashes")), _str(fields.get("medium")))
+    if tag == "AllBlocksCleared":
+        return AllBlocksCleared()
+    return None
+
+
+def _stored(fields: Mapping[str, Any]) -> BlockStored:
+    tokens = fields.get("token_ids")
+    size = fields.get("block_size")
+    if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+        raise EventDecodeError("BlockStored.token_ids must be a list of ints")
+    if not isinstance(size, int) or size < 1:
+        raise EventDecodeError("BlockStored.block_size must be a positive int")
+    parent = fields.get("parent_block_hash")
+    extra = fields.get("extra_keys")
+    return BlockStored(
+        block_hashes=_hashes(fields.get("block_hashes")),
+        parent_block_hash=_hash(parent) if parent is not None else None,
+        token_ids=tuple(tokens),
+        block_size=size,
+        lora_name=_str(fields.get("lora_name")),
+        cache_salt=_str(fields.get("cache_salt")),
+        medium=_str(fields.get("medium")),
+        extra_keys=tuple(_frozen(e) for e in extra) if isinstance(extra, list) else None,
+        kind=_str(fields.get("kv_cache_spec_kind")),
+    )
+
+
+def _hash(h: Any) -> BlockHash:
+    if isinstance(h, bool) or not isinstance(h, int | bytes):
+        raise EventDecodeError(f"a block hash is an int or bytes, got {type(h).__name__}")
+    return h
+
+
+def _hashes(items: Any) -> tuple[BlockHash, ...]:
+    if not isinstance(items, list):
+        raise EventDecodeError("block_hashes must be a list")
+    return tuple(_hash(h) for h in items)
+
+
+def _str(v: Any) -> str | None:
+    return v if isinstance(v, str) else None
+
+
+def _frozen(v: Any) -> Any:
+    """msgpack arrays as tuples, so the event stays hashable and immutable."""
+    return tuple(_frozen(x) for x in v) if isinstance(v, list) else v

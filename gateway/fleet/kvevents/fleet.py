@@ -1,0 +1,117 @@
+"""Every backend's KV-event subscriber and index, for the backends whose config names a `kv_events`
+source: started in lifespan, matched against a prompt's token ids at routing time, and exported
+as metrics (a collector read at scrape time, so the subscribers count with plain integers)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Iterator, Sequence
+
+import zmq.asyncio
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gateway.config import GatewayConfig, backend_name
+from gateway.fleet.kvevents.index import EngineIndex
+from gateway.fleet.kvevents.subscriber import EventSubscriber
+from gateway.metrics import GatewayMetrics
+from gateway.policy.blockkeys import chain_keys
+from gateway.policy.cached_prefix import CachedPrefix
+
+
+def follow(config: GatewayConfig, metrics: GatewayMetrics) -> KVEventFleet | None:
+    """The fleet for `config`'s event sources (None: no backend names one), counted in `metrics`."""
+    if not any(b.kv_events is not None for pool in config.pools.values() for b in pool.backends):
+        return None
+    fleet = KVEventFleet(config)
+    collector = metrics.features.get("kv_events")
+    if not isinstance(collector, KVEventCollector):
+        collector = metrics.features["kv_events"] = KVEventCollector()
+        metrics.registry.register(collector)
+    collector.fleet = fleet
+    return fleet
+
+
+class KVEventFleet:
+    """Backend name -> its subscriber (and index). One ZMQ context for all."""
+
+    def __init__(self, config: GatewayConfig) -> None:
+        self._ctx = zmq.asyncio.Context()
+        self.subscribers: dict[str, EventSubscriber] = {}
+        for pool_name, pool in config.pools.items():
+            engine = pool.flavour if pool.engine == "sim" else pool.engine
+            for i, b in enumerate(pool.backends):
+                if b.kv_events is None:
+                    continue
+                name = backend_name(pool_name, i, b)
+                self.subscribers[name] = EventSubscriber(
+                    self._ctx,
+                    b.kv_events.endpoint,
+                    index=EngineIndex(),
+                    replay_endpoint=b.kv_events.replay_endpoint,
+                    topic=b.kv_events.topic,
+                    engine=engine,
+                    name=name,
+                )
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.subscribers
+
+    def start(self) -> list[asyncio.Task[None]]:
+        return [asyncio.create_task(s.run(), name=f"kv-events:{name}") for name, s in self.subscribers.items()]
+
+    def close(self) -> None:
+        """After the tasks are cancelled: their sockets are closed, the context goes."""
+        self._ctx.destroy(linger=0)
+
+    def cached(self, names: Iterable[str], tokens: Sequence[int]) -> CachedPrefix:
+        """How many leading blocks of the prompt each named backend holds; keys are computed once
+        per block size, not per backend."""
+        keys: dict[int, list[bytes]] = {}
+        blocks: list[tuple[str, int]] = []
+        prompt_blocks = 0
+        head = tokens[:-1]  # the last token is never a hit (EngineIndex.match_tokens)
+        for name in names:
+            sub = self.subscribers.get(name)
+            if sub is None or sub.index.block_size is None:
+                continue
+            size = sub.index.block_size
+            if size not in keys:
+                keys[size] = chain_keys(head, size)
+            prompt_blocks = max(prompt_blocks, len(keys[size]))
+            blocks.append((name, sub.index.match(keys[size])))
+        return CachedPrefix(tuple(blocks), prompt_blocks)
+
+
+class KVEventCollector(Collector):
+    """gateway_kv_events_* per backend, read from the subscribers' counters at scrape time. One per
+    metrics registry; `fleet` is the serving gateway's (a reload re-points it)."""
+
+    def __init__(self, fleet: KVEventFleet | None = None) -> None:
+        self.fleet = fleet
+
+    def collect(self) -> Iterator[Metric]:
+        counters = {
+            "batches": "KV-event batches applied (heard or replayed)",
+            "events": "KV events applied",
+            "gaps": "Sequence gaps detected in a backend's KV-event stream",
+            "replays": "Replay requests sent to a backend's replay socket",
+            "replayed": "KV-event batches recovered from replay",
+            "lost": "KV-event batches neither heard nor replayed (the view may be stale)",
+            "restarts": "Engine restarts seen (the sequence went back; the view was reset)",
+            "undecodable": "KV-event messages that could not be decoded",
+        }
+        families = {
+            key: CounterMetricFamily(f"gateway_kv_events_{key}", text, labels=["backend"])
+            for key, text in counters.items()
+        }
+        blocks = GaugeMetricFamily(
+            "gateway_kv_events_index_blocks", "Blocks a backend's KV events say it holds", labels=["backend"]
+        )
+        subscribers = self.fleet.subscribers if self.fleet is not None else {}
+        for name, sub in subscribers.items():
+            for key, family in families.items():
+                family.add_metric([name], getattr(sub.stats, key))
+            blocks.add_metric([name], len(sub.index))
+        yield from families.values()
+        yield blocks

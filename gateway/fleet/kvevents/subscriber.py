@@ -1,0 +1,153 @@
+"""One engine's KV-event stream kept in its index: a ZMQ SUB socket connected to the engine's PUB
+endpoint, each batch applied in sequence order. A gap in the sequence is filled from the engine's
+replay socket (a ROUTER: send `(empty, start seq)`, get `(empty, topic, seq, payload)` per buffered
+batch, then a seq of -1); a sequence that goes back means the engine restarted, so its view is
+dropped and rebuilt from its replay buffer. The first batch heard triggers a replay from 0 too: it
+is how a gateway that starts after the engine learns what is already cached."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+import zmq
+import zmq.asyncio
+
+from gateway.fleet.kvevents.decode import EventDecodeError, decode_batch
+from gateway.fleet.kvevents.index import EngineIndex
+
+log = logging.getLogger(__name__)
+
+END_SEQ = -1
+REPLAY_IDLE_S = 2.0
+"""A replay answer that pauses this long has ended (the engine died, or speaks no replay)."""
+
+
+@dataclass
+class SubscriberStats:
+    """Counters since start; read by the metrics collector."""
+
+    batches: int = 0
+    events: int = 0
+    gaps: int = 0
+    """Sequence gaps seen (each triggers one replay when the engine has a replay socket)."""
+    replays: int = 0
+    replayed: int = 0
+    """Batches applied from replay answers."""
+    lost: int = 0
+    """Batches neither heard nor replayed: the view may hold blocks the engine has since dropped."""
+    restarts: int = 0
+    undecodable: int = 0
+
+
+class EventSubscriber:
+    """Follows one engine until cancelled; `index` is its view, owned by this task alone."""
+
+    def __init__(
+        self,
+        ctx: zmq.asyncio.Context,
+        endpoint: str,
+        *,
+        index: EngineIndex,
+        replay_endpoint: str | None = None,
+        topic: str = "",
+        engine: str = "vllm",
+        name: str = "",
+    ) -> None:
+        self._ctx = ctx
+        self.endpoint = endpoint
+        self._replay_endpoint = replay_endpoint
+        self._topic = topic.encode()
+        self._engine = engine
+        self.name = name or endpoint
+        self.index = index
+        self.stats = SubscriberStats()
+        self.last_seq: int | None = None
+        self.connected = asyncio.Event()
+        """Set once the SUB socket is connected (a test's publisher may start sending then)."""
+
+    async def run(self) -> None:
+        sub = self._ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.SUBSCRIBE, self._topic)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.connect(self.endpoint)
+        self.connected.set()
+        try:
+            while True:
+                frames = await sub.recv_multipart()
+                await self.on_frames(frames)
+        finally:
+            sub.close(linger=0)
+
+    async def on_frames(self, frames: list[bytes]) -> None:
+        """One published message: (topic, 8-byte big-endian seq, msgpack batch)."""
+        if len(frames) != 3 or len(frames[1]) != 8:
+            self.stats.undecodable += 1
+            return
+        seq = int.from_bytes(frames[1], "big", signed=True)
+        last = self.last_seq
+        if last is None:
+            if seq > 0:
+                await self._replay(0, seq)
+        elif seq <= last:
+            log.info("KV events of %s: sequence went back from %d to %d; engine restarted", self.name, last, seq)
+            self.stats.restarts += 1
+            self.index.clear()
+            self.last_seq = None
+            if seq > 0:
+                await self._replay(0, seq)
+        elif seq > last + 1:
+            self.stats.gaps += 1
+            await self._replay(last + 1, seq)
+        self._apply(seq, frames[2])
+
+    def _apply(self, seq: int, payload: bytes) -> None:
+        try:
+            batch = decode_batch(payload, self._engine)
+        except EventDecodeError as exc:
+            log.warning("KV events of %s: batch %d undecodable: %s", self.name, seq, exc)
+            self.stats.undecodable += 1
+        else:
+            self.index.apply(batch)
+            self.stats.batches += 1
+            self.stats.events += len(batch.events)
+        self.last_seq = seq
+
+    async def _replay(self, start: int, upto: int) -> None:
+        """Apply the buffered batches start..upto-1; count those the engine no longer has."""
+        want = upto - start
+        got = 0
+        if self._replay_endpoint is not None:
+            self.stats.replays += 1
+            got = await self._fetch(start, upto)
+            self.stats.replayed += got
+        if got < want:
+            log.warning("KV events of %s: %d of batches %d..%d lost", self.name, want - got, start, upto - 1)
+            self.stats.lost += want - got
+
+    async def _fetch(self, start: int, upto: int) -> int:
+        assert self._replay_endpoint is not None
+        dealer = self._ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.connect(self._replay_endpoint)
+        got = 0
+        try:
+            await dealer.send_multipart([b"", start.to_bytes(8, "big")])
+            while True:
+                try:
+                    reply = await asyncio.wait_for(dealer.recv_multipart(), REPLAY_IDLE_S)
+                except TimeoutError:
+                    log.warning("KV events of %s: replay from %d stopped answering", self.name, start)
+                    return got
+                if len(reply) != 4 or len(reply[2]) != 8:
+                    self.stats.undecodable += 1
+                    continue
+                seq = int.from_bytes(reply[2], "big", signed=True)
+                if seq == END_SEQ:
+                    return got
+                if start <= seq < upto and (self.last_seq is None or seq > self.last_seq):
+                    self._apply(seq, reply[3])
+                    got += 1
+        finally:
+            dealer.close(linger=0)

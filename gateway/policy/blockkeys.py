@@ -1,0 +1,45 @@
+"""The gateway's own KV block keys: chained hashes over token ids, one per full block. The index of an
+engine's KV events and the match of a request compute them the same way, so neither needs the
+engine's hash function or its seed. Pure."""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Sequence
+from hashlib import blake2b
+
+_TOKEN_TYPE = "I"
+"""Token ids as unsigned 32-bit integers: every vocabulary in use fits, and packing is one C call."""
+
+
+def root_key(block_size: int, lora_name: str | None = None, cache_salt: str | None = None) -> bytes:
+    """The chain's seed: blocks of different sizes, adapters or cache salts never share a key, as the
+    engine never shares their KV."""
+    seed = f"{block_size}\x1f{lora_name or ''}\x1f{cache_salt or ''}".encode("utf-8", "surrogatepass")
+    return blake2b(seed, digest_size=8, person=b"gw-kv-root").digest()
+
+
+def next_key(parent: bytes, tokens: Sequence[int], extra: bytes = b"") -> bytes:
+    """The key of a block from its parent's key (or the root) and the block's own tokens. `extra`
+    names what else the engine hashed into the block (an image's identifier, prompt embeddings): a
+    request matched by its text alone never produces it, so such a block never matches one."""
+    h = blake2b(parent, digest_size=8)
+    h.update(array(_TOKEN_TYPE, tokens).tobytes())
+    if extra:
+        h.update(b"\x00" + extra)
+    return h.digest()
+
+
+def chain_keys(
+    tokens: Sequence[int], block_size: int, lora_name: str | None = None, cache_salt: str | None = None
+) -> list[bytes]:
+    """The keys of every full block of a prompt, first block first (a partial last block has none:
+    engines cache only full blocks)."""
+    if block_size < 1:
+        raise ValueError("block_size must be >= 1")
+    key = root_key(block_size, lora_name, cache_salt)
+    out: list[bytes] = []
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        key = next_key(key, tokens[start : start + block_size])
+        out.append(key)
+    return out

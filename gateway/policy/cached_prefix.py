@@ -1,0 +1,101 @@
+"""The kv_events decision: the backend whose KV cache (as its own events report it) holds the longest
+prefix of the prompt, kept while it is not saturated, else the least loaded; a bounded-load
+consistent hash when no backend holds any of it. Loads count requests already decided. Pure: the
+cache's state arrives as a snapshot of matched blocks per backend, the loads as numbers."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+from gateway.value import value
+
+
+@value
+class CachedPrefix:
+    """What the engines' KV events say about one prompt, at decision time."""
+
+    blocks: tuple[tuple[str, int], ...]
+    """(backend, leading blocks of the prompt it holds), for the backends that stream events."""
+    prompt_blocks: int
+    """Full blocks in the prompt (at the engines' block size)."""
+
+
+@value
+class Saturation:
+    """When a backend stops taking requests for its cache's sake (any one suffices)."""
+
+    epsilon: float = 0.2
+    """Bounded load: past ceil((1 + epsilon) x the mean load after this request)."""
+    waiting: int | None = 4
+    """The engine's own queue (a fresh scrape) reached this many requests."""
+    kv_usage: float | None = 0.95
+    """The engine's KV cache (a fresh scrape) is this full: what it holds is about to be evicted."""
+
+
+@value
+class EngineState:
+    name: str
+    load: float
+    """Requests on it, those decided and not yet started included."""
+    waiting: float | None = None
+    kv_usage: float | None = None
+    """From a fresh scrape only; None when stale or never scraped."""
+
+
+@value
+class KVChoice:
+    favourite: str
+    reason: str
+    """`sticky` (the longest cached prefix), `spill` (that backend is saturated: the least loaded),
+    `hash` (nothing cached anywhere: the bounded-load hash choice) or `least_load` (no key)."""
+    explanation: str
+    """One line for x-gateway-balancer: the reason, the choice, matched blocks and loads per backend."""
+
+
+def bound(loads: Sequence[float], epsilon: float) -> float:
+    """The most a backend may carry after this request: (1 + epsilon) x the mean, rounded up."""
+    return math.ceil((1.0 + epsilon) * (sum(loads) + 1.0) / len(loads))
+
+
+def saturated(state: EngineState, limit: float, sat: Saturation) -> bool:
+    if state.load + 1.0 > limit:
+        return True
+    if sat.waiting is not None and state.waiting is not None and state.waiting >= sat.waiting:
+        return True
+    return sat.kv_usage is not None and state.kv_usage is not None and state.kv_usage >= sat.kv_usage
+
+
+def choose(
+    states: Sequence[EngineState], hashed: Sequence[str], cached: CachedPrefix | None, sat: Saturation
+) -> KVChoice:
+    """`states` non-empty; `hashed` the same names in the consistent hash's order for this request
+    (empty when the request has no key to hash)."""
+    by_name = {s.name: s for s in states}
+    limit = bound([s.load for s in states], sat.epsilon)
+    matched: Mapping[str, int] = dict(cached.blocks) if cached is not None else {}
+    best = max((matched.get(s.name, 0) for s in states), default=0)
+    open_ = [s for s in states if not saturated(s, limit, sat)]
+    least = min(open_ or states, key=lambda s: (s.load, -matched.get(s.name, 0), s.name))
+    if best > 0:
+        # Of the backends holding the longest prefix, the least loaded that has room.
+        holders = [s for s in open_ if matched.get(s.name, 0) == best]
+        if holders:
+            pick, reason = min(holders, key=lambda s: (s.load, s.name)), "sticky"
+        else:
+            pick, reason = least, "spill"
+    elif hashed:
+        first = by_name[hashed[0]]
+        pick, reason = (first, "hash") if not saturated(first, limit, sat) else (least, "spill")
+    else:
+        pick, reason = least, "least_load"
+    return KVChoice(pick.name, reason, _explain(pick.name, reason, states, matched, cached))
+
+
+def _explain(
+    pick: str, reason: str, states: Sequence[EngineState], matched: Mapping[str, int], cached: CachedPrefix | None
+) -> str:
+    blocks = ",".join(f"{s.name}:{matched.get(s.name, 0)}" for s in states)
+    loads = ",".join(f"{s.name}:{s.load:g}" for s in states)
+    total = cached.prompt_blocks if cached is not None else 0
+    return f"kv_events {reason} {pick}; blocks {blocks} of {total}; load {loads}"

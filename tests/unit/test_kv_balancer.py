@@ -1,0 +1,167 @@
+"""The kv_events balancer (gateway.policy.cached_prefix and balancer.KVEvents), table-driven: the
+longest cached prefix, sticky until saturated (bounded load, the engine's queue, its KV usage),
+then the least loaded; the bounded-load hash when nothing is cached; loads that count requests
+decided and not yet started, so that a burst spreads."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from engines.base import EngineLoad
+from gateway.config import BackendConfig, PoolConfig
+from gateway.policy.balancer import BalanceKey, Candidate, KVEvents, make_balancer
+from gateway.policy.cached_prefix import CachedPrefix, Saturation
+
+pytestmark = pytest.mark.unit
+
+POOL = PoolConfig(engine="sim", balancer="kv_events", backends=(BackendConfig(url="http://127.0.0.1:1"),))
+
+
+def balancer() -> KVEvents:
+    made = make_balancer("kv_events", POOL)
+    assert isinstance(made, KVEvents)
+    return made
+
+
+def cands(*loads: int, **extra: Any) -> list[Candidate]:
+    return [Candidate(name=f"b{i}", in_flight=n, **extra) for i, n in enumerate(loads)]
+
+
+def held(prompt_blocks: int, **blocks: int) -> CachedPrefix:
+    return CachedPrefix(tuple(blocks.items()), prompt_blocks)
+
+
+def fresh(name: str, in_flight: int = 0, **load: float) -> Candidate:
+    return Candidate(name, in_flight, EngineLoad(**load), load_fresh=True)
+
+
+def stale(name: str, in_flight: int = 0, **load: float) -> Candidate:
+    return Candidate(name, in_flight, EngineLoad(**load), load_fresh=False)
+
+
+CASES: list[tuple[str, Sequence[Candidate], BalanceKey, str, str]] = [
+    ("longest prefix wins", cands(0, 0, 0), BalanceKey(cached=held(6, b0=2, b1=5)), "b1", "sticky"),
+    ("longest prefix over a lighter load", cands(1, 2, 3), BalanceKey(cached=held(6, b0=2, b1=5)), "b1", "sticky"),
+    ("equal prefixes: the least loaded", cands(3, 1, 0), BalanceKey(cached=held(6, b0=4, b1=4)), "b1", "sticky"),
+    ("past the load bound: spill", cands(0, 4, 1), BalanceKey(cached=held(6, b1=5)), "b0", "spill"),
+    (
+        "spill prefers a shorter prefix among equal loads",
+        cands(0, 4, 0),
+        BalanceKey(cached=held(6, b1=5, b2=2)),
+        "b2",
+        "spill",
+    ),
+    (
+        "decided requests are load",
+        [Candidate("b0", 0), Candidate("b1", 0, decided=4)],
+        BalanceKey(cached=held(6, b1=5)),
+        "b0",
+        "spill",
+    ),
+    (
+        "the engine's queue saturates it",
+        [fresh("b0"), fresh("b1", waiting=4)],
+        BalanceKey(cached=held(6, b1=5)),
+        "b0",
+        "spill",
+    ),
+    (
+        "a full KV cache saturates it",
+        [fresh("b0"), fresh("b1", kv_usage=0.97)],
+        BalanceKey(cached=held(6, b1=5)),
+        "b0",
+        "spill",
+    ),
+    (
+        "a stale scrape does not",
+        [stale("b0"), stale("b1", waiting=9, kv_usage=0.99)],
+        BalanceKey(cached=held(6, b1=5)),
+        "b1",
+        "sticky",
+    ),
+    ("no key: least loaded", cands(2, 0, 1), BalanceKey(), "b1", "least_load"),
+    ("nothing cached: no key still least loaded", cands(2, 1, 0), BalanceKey(cached=held(6)), "b2", "least_load"),
+]
+
+
+@pytest.mark.parametrize(("case", "candidates", "key", "favourite", "reason"), CASES, ids=[c[0] for c in CASES])
+def test_the_decision_table(
+    case: str, candidates: Sequence[Candidate], key: BalanceKey, favourite: str, reason: str
+) -> None:
+    ordered, choice = balancer().choose(candidates, key)
+    assert choice is not None
+    assert (choice.favourite, choice.reason) == (favourite, reason)
+    assert ordered[0].name == favourite and sorted(c.name for c in ordered) == sorted(c.name for c in candidates)
+
+
+def test_nothing_cached_uses_the_consistent_hash_and_replicas_agree() -> None:
+    """Two gateway replicas (two balancer objects) send a new conversation to the same backend."""
+    key = BalanceKey(anchor=12345, cached=held(3))
+    first, second = balancer().choose(cands(0, 0, 0, 0), key), balancer().choose(cands(0, 0, 0, 0), key)
+    assert first[1] is not None and second[1] is not None
+    assert first[1].reason == "hash" and first[1].favourite == second[1].favourite
+
+
+def test_the_hash_choice_yields_under_load() -> None:
+    key = BalanceKey(anchor=12345)
+    choice = balancer().choose(cands(0, 0, 0, 0), key)[1]
+    assert choice is not None
+    loads = [0, 0, 0, 0]
+    loads[int(choice.favourite[1:])] = 3
+    spilled = balancer().choose(cands(*loads), key)[1]
+    assert spilled is not None and spilled.reason == "spill" and spilled.favourite != choice.favourite
+
+
+def test_new_conversations_spread_evenly() -> None:
+    b = balancer()
+    counts = Counter(b.order(cands(0, 0, 0, 0), BalanceKey(anchor=n * 7919 + 1))[0].name for n in range(400))
+    assert len(counts) == 4 and min(counts.values()) > 0.7 * 100
+
+
+@pytest.mark.parametrize("engines", [2, 4])
+def test_a_burst_with_one_system_prompt_spreads_by_load(engines: int) -> None:
+    """32 requests sharing a system prompt that only b0 has cached, decided together: none has
+    started, so in_flight is 0 for all; the router counts each decision (Candidate.decided)."""
+    b = balancer()
+    decided = [0] * engines
+    key = BalanceKey(cached=held(8, b0=4))
+    for _ in range(32):
+        candidates = [Candidate(f"b{i}", 0, decided=decided[i]) for i in range(engines)]
+        decided[int(b.order(candidates, key)[0].name[1:])] += 1
+    mean = 32 / engines
+    assert all(decided) and max(decided) / mean <= 1.25, decided
+    assert decided[0] == max(decided)  # the cache holder still takes the largest share
+
+
+def test_without_counting_decisions_the_burst_collapses() -> None:
+    """The failure the counting prevents: loads that only change once a request starts."""
+    b = balancer()
+    key = BalanceKey(cached=held(8, b0=4))
+    picks = Counter(b.order(cands(0, 0), key)[0].name for _ in range(32))
+    assert picks == {"b0": 32}
+
+
+def test_a_full_backend_goes_last_even_when_it_holds_the_prefix() -> None:
+    full = [Candidate("b0", 2, max_in_flight=2), Candidate("b1", 9)]
+    ordered = balancer().order(full, BalanceKey(cached=held(6, b0=5)))
+    assert [c.name for c in ordered] == ["b1", "b0"]
+
+
+def test_the_explanation_names_blocks_and_loads() -> None:
+    choice = balancer().choose(cands(1, 0), BalanceKey(cached=held(6, b0=5)))[1]
+    assert choice is not None
+    assert choice.explanation == "kv_events sticky b0; blocks b0:5,b1:0 of 6; load b0:1,b1:0"
+
+
+def test_saturation_thresholds_come_from_the_pool() -> None:
+    pool = POOL.model_copy(update={"kv_saturation_waiting": None, "kv_saturation_kv_usage": None, "kv_epsilon": 10.0})
+    made = make_balancer("kv_events", pool)
+    assert isinstance(made, KVEvents)
+    busy = [fresh("b0"), fresh("b1", 3, waiting=50, kv_usage=1.0)]
+    choice = made.choose(busy, BalanceKey(cached=held(6, b1=5)))[1]
+    assert choice is not None and choice.reason == "sticky"
+    assert Saturation() == Saturation(POOL.kv_epsilon, POOL.kv_saturation_waiting, POOL.kv_saturation_kv_usage)

@@ -1,0 +1,272 @@
+"""The KV-event subscriber against an emulator of vLLM's ZmqEventPublisher (real ZMQ sockets in
+process: a PUB socket, and a ROUTER that answers replay requests from a buffer, as
+vllm/distributed/kv_events.py does), for the faults a real engine can't be made to produce on cue:
+a lost batch, a late subscriber, a restart, a dropped connection, a replay socket that is gone.
+The batches are the ones recorded from a real vLLM (tests/fixtures/kv_events/vllm.json)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+import zmq
+import zmq.asyncio
+
+from gateway.fleet.kvevents import subscriber as subscriber_module
+from gateway.fleet.kvevents.decode import decode_batch
+from gateway.fleet.kvevents.index import EngineIndex
+from gateway.fleet.kvevents.subscriber import EventSubscriber
+
+pytestmark = pytest.mark.unit
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "kv_events" / "vllm.json"
+PAYLOADS = [base64.b64decode(f[2]) for f in json.loads(FIXTURE.read_text(encoding="utf-8"))["frames"]]
+TOPIC = b"kv"
+
+
+def bind(sock: zmq.asyncio.Socket, port: int = 0) -> int:
+    """Bind to `port` (0: any), retrying while ZMQ's I/O thread still closes a socket that had it."""
+    for _ in range(100):
+        try:
+            sock.bind(f"tcp://127.0.0.1:{port or '*'}")
+            return int(sock.getsockopt_string(zmq.LAST_ENDPOINT).rsplit(":", 1)[1])
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EADDRINUSE:
+                raise
+            time.sleep(0.02)
+    raise AssertionError(f"port {port} stayed in use")
+
+
+class PublisherEmulator:
+    """vLLM's publisher protocol: (topic, seq, payload) on PUB; a replay request (empty, start seq)
+    on the ROUTER answered with (empty, topic, seq, payload) per buffered batch, then seq -1."""
+
+    def __init__(self, ctx: zmq.asyncio.Context, pub_port: int = 0, replay_port: int = 0) -> None:
+        self._ctx = ctx
+        self.seq = 0
+        self.buffer: list[tuple[int, bytes]] = []
+        self.pub = ctx.socket(zmq.PUB)
+        self.pub_port = bind(self.pub, pub_port)
+        self.router = ctx.socket(zmq.ROUTER)
+        self.replay_port = bind(self.router, replay_port)
+        self.replay_requests = 0
+        self._task = asyncio.get_running_loop().create_task(self._serve_replay())
+
+    async def _serve_replay(self) -> None:
+        while True:
+            client, _, start = await self.router.recv_multipart()
+            self.replay_requests += 1
+            first = int.from_bytes(start, "big")
+            for seq, payload in self.buffer:
+                if seq >= first:
+                    await self.router.send_multipart([client, b"", TOPIC, seq.to_bytes(8, "big"), payload])
+            await self.router.send_multipart([client, b"", b"", (-1).to_bytes(8, "big", signed=True), b""])
+
+    async def publish(self, payload: bytes, *, send: bool = True) -> int:
+        """Buffer the batch under the next seq; `send=False` loses it on the way (a dropped frame)."""
+        seq = self.seq
+        self.seq += 1
+        self.buffer.append((seq, payload))
+        if send:
+            await self.pub.send_multipart([TOPIC, seq.to_bytes(8, "big"), payload])
+        return seq
+
+    def drop_connection(self) -> None:
+        self.pub.close(linger=0)
+
+    def reconnect(self) -> None:
+        self.pub = self._ctx.socket(zmq.PUB)
+        bind(self.pub, self.pub_port)
+
+    async def close(self) -> None:
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        self.pub.close(linger=0)
+        self.router.close(linger=0)
+
+
+async def until(check: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
+async def joined(sub: EventSubscriber, pub: PublisherEmulator) -> None:
+    """Publish nothing until the SUB's subscription reached the PUB: ZMQ drops what a PUB sends
+    before then (the slow-joiner case, which the first-batch replay covers on its own)."""
+    await sub.connected.wait()
+    await asyncio.sleep(0.3)
+
+
+def expected_index(n: int, first: int = 0) -> EngineIndex:
+    index = EngineIndex()
+    for p in PAYLOADS[first:n]:
+        index.apply(decode_batch(p))
+    return index
+
+
+def same(a: EngineIndex, b: EngineIndex) -> bool:
+    return len(a) == len(b) and a._keys == b._keys
+
+
+@pytest.fixture
+async def ctx() -> AsyncIterator[zmq.asyncio.Context]:
+    context = zmq.asyncio.Context()
+    yield context
+    context.destroy(linger=0)
+
+
+@pytest.fixture
+async def pub(ctx: zmq.asyncio.Context) -> AsyncIterator[PublisherEmulator]:
+    emulator = PublisherEmulator(ctx)
+    yield emulator
+    await emulator.close()
+
+
+def start(
+    ctx: zmq.asyncio.Context, pub: PublisherEmulator, replay: bool = True
+) -> tuple[EventSubscriber, asyncio.Task[None]]:
+    sub = EventSubscriber(
+        ctx,
+        f"tcp://127.0.0.1:{pub.pub_port}",
+        index=EngineIndex(),
+        replay_endpoint=f"tcp://127.0.0.1:{pub.replay_port}" if replay else None,
+        topic="kv",
+        name="e1",
+    )
+    return sub, asyncio.get_running_loop().create_task(sub.run())
+
+
+async def stop(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_batches_in_order_build_the_index(ctx: zmq.asyncio.Context, pub: PublisherEmulator) -> None:
+    sub, task = start(ctx, pub)
+    await joined(sub, pub)
+    for p in PAYLOADS[:4]:
+        await pub.publish(p)
+    await until(lambda: sub.last_seq == 3)
+    await stop(task)
+    assert same(sub.index, expected_index(4)) and len(sub.index) > 0
+    assert (sub.stats.batches, sub.stats.gaps, sub.stats.replays, pub.replay_requests) == (4, 0, 0, 0)
+
+
+async def test_a_lost_batch_is_replayed(ctx: zmq.asyncio.Context, pub: PublisherEmulator) -> None:
+    sub, task = start(ctx, pub)
+    await joined(sub, pub)
+    await pub.publish(PAYLOADS[0])
+    await pub.publish(PAYLOADS[1], send=False)
+    await pub.publish(PAYLOADS[2], send=False)
+    await pub.publish(PAYLOADS[3])
+    await until(lambda: sub.last_seq == 3)
+    await stop(task)
+    assert same(sub.index, expected_index(4))
+    assert (sub.stats.gaps, sub.stats.replays, sub.stats.replayed, sub.stats.lost) == (1, 1, 2, 0)
+
+
+async def test_a_late_subscriber_learns_what_was_stored_before_it(
+    ctx: zmq.asyncio.Context, pub: PublisherEmulator
+) -> None:
+    for p in PAYLOADS[:3]:
+        await pub.publish(p)
+    sub, task = start(ctx, pub)
+    await joined(sub, pub)
+    await pub.publish(PAYLOADS[3])
+    await until(lambda: sub.last_seq == 3)
+    await stop(task)
+    assert same(sub.index, expected_index(4))
+    assert (sub.stats.gaps, sub.stats.replays, sub.stats.replayed) == (0, 1, 3)
+
+
+async def test_an_engine_restart_resets_its_view(ctx: zmq.asyncio.Context, pub: PublisherEmulator) -> None:
+    sub, task = start(ctx, pub)
+    await joined(sub, pub)
+    for p in PAYLOADS[:3]:
+        await pub.publish(p)
+    await until(lambda: sub.last_seq == 2)
+    assert len(sub.index) > 0
+    ports = pub.pub_port, pub.replay_port
+    await pub.close()
+    restarted = PublisherEmulator(ctx, *ports)  # a new engine process: seq from 0, an empty buffer
+    try:
+        await asyncio.sleep(0.5)  # the SUB reconnects on its own; what it misses meanwhile is replayed
+        await restarted.publish(PAYLOADS[3])
+        await restarted.publish(PAYLOADS[4])
+        await until(lambda: sub.last_seq == 1)
+    finally:
+        await stop(task)
+        await restarted.close()
+    assert sub.stats.restarts == 1
+    assert same(sub.index, expected_index(5, first=3))
+
+
+async def test_a_dropped_connection_recovers_what_it_missed(ctx: zmq.asyncio.Context, pub: PublisherEmulator) -> None:
+    sub, task = start(ctx, pub)
+    await joined(sub, pub)
+    await pub.publish(PAYLOADS[0])
+    await until(lambda: sub.last_seq == 0)
+    pub.drop_connection()
+    await pub.publish(PAYLOADS[1], send=False)  # published while nobody is connected
+    await pub.publish(PAYLOADS[2], send=False)
+    pub.reconnect()
+    await asyncio.sleep(0.5)
+    await pub.publish(PAYLOADS[3])
+    await until(lambda: sub.last_seq == 3)
+    await stop(task)
+    assert same(sub.index, expected_index(4))
+    assert (sub.stats.gaps, sub.stats.replayed, sub.stats.restarts) == (1, 2, 0)
+
+
+async def test_without_a_replay_socket_a_gap_is_counted_lost(ctx: zmq.asyncio.Context, pub: PublisherEmulator) -> None:
+    sub, task = start(ctx, pub, replay=False)
+    await joined(sub, pub)
+    await pub.publish(PAYLOADS[0])
+    await pub.publish(PAYLOADS[1], send=False)
+    await pub.publish(PAYLOADS[2])
+    await until(lambda: sub.last_seq == 2)
+    await stop(task)
+    assert (sub.stats.gaps, sub.stats.replays, sub.stats.lost, sub.stats.batches) == (1, 0, 1, 2)
+
+
+async def test_a_replay_socket_that_never_answers_does_not_stall_the_stream(
+    ctx: zmq.asyncio.Context, pub: PublisherEmulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(subscriber_module, "REPLAY_IDLE_S", 0.2)
+    silent = ctx.socket(zmq.ROUTER)  # accepts the request, never answers
+    port = bind(silent)
+    sub = EventSubscriber(
+        ctx, f"tcp://127.0.0.1:{pub.pub_port}", index=EngineIndex(), replay_endpoint=f"tcp://127.0.0.1:{port}"
+    )
+    task = asyncio.get_running_loop().create_task(sub.run())
+    try:
+        await joined(sub, pub)
+        await pub.publish(PAYLOADS[0])
+        await pub.publish(PAYLOADS[1], send=False)
+        await pub.publish(PAYLOADS[2])
+        await pub.publish(PAYLOADS[3])
+        await until(lambda: sub.last_seq == 3)
+    finally:
+        await stop(task)
+        silent.close(linger=0)
+    assert (sub.stats.gaps, sub.stats.lost, sub.stats.batches) == (1, 1, 3)
+
+
+async def test_frames_of_the_wrong_shape_are_counted_and_skipped(
+    ctx: zmq.asyncio.Context, pub: PublisherEmulator
+) -> None:
+    sub, task = start(ctx, pub)
+    await joined(sub, pub)
+    await pub.pub.send_multipart([TOPIC, b"\x00"])
+    await pub.pub.send_multipart([TOPIC, (0).to_bytes(8, "big"), b"\xc1"])
+    await pub.pub.send_multipart([TOPIC, (1).to_bytes(8, "big"), PAYLOADS[0]])
+    await until(lambda: sub.last_seq == 1)
+    await stop(task)
+    assert (sub.stats.undecodable, sub.stats.batches) == (2, 1)
