@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +40,8 @@ from gateway.policy.rules import Platform
 from gateway.protocols.base import ProtocolAdapter
 from gateway.protocols.catalog import ENDPOINTS, REASONING_COPY
 from gateway.protocols.response_store import ResponseStore
+from gateway.tracing.base import NoTracing, Tracing
+from gateway.tracing.settings import tracing_settings
 from gateway.upstream.client import UpstreamClient
 
 log = logging.getLogger(__name__)
@@ -65,6 +69,34 @@ class Gateway:
     access: AccessGate
     responses: ResponseStore
     """Responses id -> the backend that holds it (kept across reloads)."""
+    tracing: Tracing
+    """The tracer (NoTracing when tracing is off); built once per process, kept across reloads."""
+
+
+def make_tracing(config: GatewayConfig, env: Mapping[str, str]) -> Tracing:
+    """The tracer the `tracing:` block or the OTEL_* variables ask for; NoTracing when neither does,
+    and then nothing of OpenTelemetry is imported. Without the `otel` extra, a block in gateway.yaml
+    is an error; the variables alone (perhaps set for another program) only get a warning."""
+    settings = tracing_settings(config.tracing, env)
+    if settings is None:
+        return NoTracing()
+    try:
+        from gateway.tracing.otel import OtelTracing  # the `otel` extra; only a tracing gateway loads it
+    except ImportError as exc:
+        hint = f"tracing is on ({settings.source}) but OpenTelemetry is missing: pip install 'llm-gateway[otel]'"
+        if settings.source == "gateway.yaml":
+            raise RuntimeError(hint) from exc
+        log.warning("%s; serving without traces", hint)
+        return NoTracing()
+    log.info(
+        "tracing on (%s): service %s, sampler %s%s, exporting to %s",
+        settings.source,
+        settings.service_name,
+        settings.sampler,
+        f" {settings.ratio}" if "ratio" in settings.sampler else "",
+        settings.endpoint or "the OTEL_EXPORTER_OTLP_* endpoint",
+    )
+    return OtelTracing(settings)
 
 
 def access_gate(config: GatewayConfig, metrics: GatewayMetrics, memory: MemoryStore | None = None) -> AccessGate:
@@ -88,6 +120,7 @@ def build(
     lifecycle: Lifecycle | None = None,
     memory: MemoryStore | None = None,
     responses: ResponseStore | None = None,
+    tracing: Tracing | None = None,
 ) -> Gateway:
     metrics = metrics or GatewayMetrics()
     registry = Registry(config)
@@ -129,6 +162,7 @@ def build(
         lifecycle=lifecycle,
         access=access_gate(config, metrics, memory),
         responses=responses or ResponseStore(config.limits.max_response_ids),
+        tracing=tracing or NoTracing(),
     )
 
 
@@ -168,6 +202,7 @@ def _assemble(gw: Gateway) -> _Served:
             gw.lifecycle,
             gw.responses,
             variants=_variants(protocol, gw.config),
+            tracing=gw.tracing,
         )
         for protocol in ENDPOINTS
     ]
@@ -214,8 +249,10 @@ async def _stop(served: _Served) -> None:
     await served.gateway.access.close()
 
 
-def create_app(config: GatewayConfig, platform: Platform | None = None) -> GatewayApp:
-    return GatewayApp(config, platform)
+def create_app(
+    config: GatewayConfig, platform: Platform | None = None, env: Mapping[str, str] | None = None
+) -> GatewayApp:
+    return GatewayApp(config, platform, env)
 
 
 class GatewayApp:
@@ -227,12 +264,18 @@ class GatewayApp:
     swaps it in: new requests use it at once, requests in flight finish on the old one, whose
     session closes when they are done. Metrics and the draining flag carry over."""
 
-    def __init__(self, config: GatewayConfig, platform: Platform | None = None) -> None:
+    def __init__(
+        self, config: GatewayConfig, platform: Platform | None = None, env: Mapping[str, str] | None = None
+    ) -> None:
         self._platform = platform
         self._metrics = GatewayMetrics()
         self._lifecycle = Lifecycle()
         self._memory = MemoryStore()  # per-replica limit counters survive a reload
-        self._served = _assemble(build(config, platform, self._metrics, self._lifecycle, self._memory))
+        # One tracer for the process (its exporter's thread and buffer): a reload keeps it.
+        self._tracing = make_tracing(config, os.environ if env is None else env)
+        self._served = _assemble(
+            build(config, platform, self._metrics, self._lifecycle, self._memory, tracing=self._tracing)
+        )
         self._retiring: set[asyncio.Task[None]] = set()
 
     @property
@@ -277,6 +320,7 @@ class GatewayApp:
             elif message["type"] == "lifespan.shutdown":
                 await asyncio.gather(*self._retiring, return_exceptions=True)
                 await _stop(self._served)
+                await asyncio.to_thread(self._tracing.shutdown)  # the last spans, exported
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
@@ -285,7 +329,9 @@ class GatewayApp:
         pins = self._served.gateway.responses
         if pins.max_ids != config.limits.max_response_ids:
             pins = pins.resized(config.limits.max_response_ids)
-        new = _assemble(build(config, self._platform, self._metrics, self._lifecycle, self._memory, pins))
+        new = _assemble(
+            build(config, self._platform, self._metrics, self._lifecycle, self._memory, pins, self._tracing)
+        )
         await _start(new)
         old, self._served = self._served, new
         gone = {b.name for b in old.gateway.registry} - {b.name for b in new.gateway.registry}
