@@ -10,6 +10,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, Literal, TypeVar, cast, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.openmetrics import exposition as openmetrics_exposition
 
 from gateway.metric_types import FineHistogram, LeanCounter, LeanGauge, LeanHistogram, PlainValue
 
@@ -244,12 +245,18 @@ class GatewayMetrics:
         render themselves (see FineHistogram.render); the same lines, in another order."""
         return b"".join(self.exposition_parts())
 
-    def exposition_parts(self) -> Iterator[bytes]:
+    def exposition_parts(self, openmetrics: bool = False) -> Iterator[bytes]:
         """exposition() in pieces of ~1 ms of CPU each (the coarse metrics, then one fine histogram
-        at a time), so that /metrics can let the event loop run between them."""
-        yield generate_latest(self._coarse)
+        at a time), so that /metrics can let the event loop run between them. `openmetrics`: the
+        OpenMetrics format, which carries the histograms' exemplars (trace ids)."""
+        if not openmetrics:
+            yield generate_latest(self._coarse)
+        else:
+            yield openmetrics_exposition.generate_latest(self._coarse).removesuffix(b"# EOF\n")
         for h in self._fine:
-            yield h.render(self._render_cache.setdefault(h._name, {})).encode()
+            yield h.render(self._render_cache.setdefault(h._name, {}), openmetrics).encode()
+        if openmetrics:
+            yield b"# EOF\n"
 
     def series(self, route: str, pool: str, backend: str, api: str) -> RequestSeries:
         """The samples of one request's labels, memoised (bounded, as the labels are)."""

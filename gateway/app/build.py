@@ -207,7 +207,9 @@ def _assemble(gw: Gateway) -> _Served:
         for protocol in ENDPOINTS
     ]
     stored = StoredResponses(gw.access, gw.responses, gw.registry, gw.upstream, gw.config.timeouts.first_byte_s)
-    routes = Endpoints(gw.config, gw.registry, gw.metrics, gw.scraper, gw.lifecycle, gw.access).routes(endpoints)
+    routes = Endpoints(
+        gw.config, gw.registry, gw.metrics, gw.scraper, gw.lifecycle, gw.access, exemplars=gw.tracing.enabled
+    ).routes(endpoints)
     routes += [
         Route("/v1/responses/{response_id}", stored.get, methods=["GET"]),
         Route("/v1/responses/{response_id}/cancel", stored.cancel, methods=["POST"]),

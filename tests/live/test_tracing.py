@@ -284,3 +284,36 @@ asyncio.run(main())
     env["PYTHONPATH"] = str(ROOT)
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
+OPENMETRICS_ACCEPT = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"
+"""What Prometheus sends when it scrapes."""
+
+
+async def test_latency_histograms_carry_the_trace_id(traced: Stack, receiver: OtlpReceiver) -> None:
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+    async with httpx.AsyncClient(base_url=traced.base_url) as client:
+        resp = await client.post("/v1/chat/completions", json=chat(max_tokens=3, stream=True))
+        assert resp.status_code == 200
+        [server] = by_kind(await receiver.wait(one_request), SERVER)
+        page = await client.get("/metrics", headers={"accept": OPENMETRICS_ACCEPT})
+        plain = await client.get("/metrics")
+    assert page.headers["content-type"].startswith("application/openmetrics-text")
+    exemplars = {
+        s.name: s.exemplar.labels["trace_id"]
+        for family in text_string_to_metric_families(page.text)
+        for s in family.samples
+        if s.exemplar is not None
+    }
+    for name in ("gateway_request_duration_seconds", "gateway_time_to_first_token_seconds", "gateway_overhead_seconds"):
+        assert exemplars.get(f"{name}_bucket") == server.trace_id, name
+    assert plain.headers["content-type"].startswith("text/plain") and "# {" not in plain.text
+
+
+async def test_no_openmetrics_without_tracing(make_stack: StackFactory) -> None:
+    stack = await make_stack()
+    async with httpx.AsyncClient(base_url=stack.base_url) as client:
+        assert (await client.post("/v1/chat/completions", json=chat(max_tokens=3))).status_code == 200
+        page = await client.get("/metrics", headers={"accept": OPENMETRICS_ACCEPT})
+    assert page.headers["content-type"].startswith("text/plain") and "# {" not in page.text
