@@ -90,10 +90,14 @@ class Attempts:
             gauge.inc(1)
             sent, name = headers, ""
             span: AttemptSpan | None = None
-            if ex.trace is not None:
-                name = self._router.upstream_model(plan, backend, model, inbound.model) or inbound.model
-                span = spans.attempt(ex.trace, ex, backend, tried, name)
-                sent = span.headers(headers)
+            trace = ex.trace
+            if trace is not None:
+                if trace.recording:
+                    name = self._router.upstream_model(plan, backend, model, inbound.model) or inbound.model
+                    span = spans.attempt(trace, ex, backend, tried, name)
+                    sent = span.headers(headers)
+                else:  # not recorded: the engine is still told, so that it records nothing either
+                    sent = trace.propagate(headers)
             try:
                 failed = await self._attempt(
                     ex, send, protocol, inbound, edits, model, sent, plan, backend, tried == 0, bodies, owner

@@ -232,7 +232,7 @@ class CompletionEndpoint:
                 self._caps.learn(count, prompt_tokens(usage))
             if queued and ticket is not None:
                 self._admission.settle(ex.pool, ticket, usage)
-            if trace is not None:
+            if trace is not None and trace.recording:
                 spans.finish(trace, ex)
 
     def _pinned(self, route: RouteConfig, inbound: Inbound, view: Any, headers: dict[str, str], estimate: int) -> Plan:

@@ -5,6 +5,7 @@ attempt, the first token and the ending. Called only where a request has a trace
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Mapping, Sequence
 from urllib.parse import urlsplit
@@ -36,14 +37,18 @@ def operation(api: str) -> str:
 
 def begin(tracing: Tracing, ex: Exchange, headers: Mapping[str, str], method: str) -> RequestSpan:
     """The request's server span, from its arrival, under the client's traceparent if any."""
-    attributes: Attributes = {
-        "http.request.method": method,
-        "url.path": ex.path,
-        "http.route": ex.path,
-        "gen_ai.operation.name": operation(ex.api),
-        "gateway.request_id": ex.request_id,
-    }
-    return tracing.request(f"{method} {ex.path}", headers, ex.started, attributes)
+    trace = tracing.request(f"{method} {ex.path}", headers, ex.started)
+    if trace.recording:
+        trace.set(
+            {
+                "http.request.method": method,
+                "url.path": ex.path,
+                "http.route": ex.path,
+                "gen_ai.operation.name": operation(ex.api),
+                "gateway.request_id": ex.request_id,
+            }
+        )
+    return trace
 
 
 def routed(
@@ -63,17 +68,14 @@ def routed(
     pool = config.pools.get(plan.pool)
     balancer = pool.balancer if pool is not None else "none"
     attributes: dict[str, str | bool | int | float | Sequence[str]] = {
-        "gen_ai.request.model": inbound.model,
-        "gateway.route": ex.route,
-        "gateway.pool": plan.pool,
-        "gateway.rule": plan.rule,
         "gateway.balancer": balancer,
         "gateway.balancer.reason": _balancer_reason(balancer, plan, backends),
         "gateway.backends_in_order": [b.name for b in backends[:_MAX_ORDER]],
         "gateway.queued": queued,
-        "gateway.queue_wait_s": now - admit_start,
         "gen_ai.request.stream": inbound.stream,
     }
+    if queued:
+        attributes["gateway.queue_wait_s"] = now - admit_start
     if inbound.max_tokens is not None:
         attributes["gen_ai.request.max_tokens"] = inbound.max_tokens
     if plan.home is not None:
@@ -96,15 +98,22 @@ def _balancer_reason(balancer: str, plan: Plan, backends: Sequence[Backend]) -> 
     return balancer
 
 
+@functools.lru_cache(maxsize=1024)
+def address(url: str) -> tuple[str, int]:
+    """A backend URL's host and port (memoised: a fleet has a bounded set of URLs)."""
+    parts = urlsplit(url)
+    return parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
+
+
 def attempt(trace: RequestSpan, ex: Exchange, backend: Backend, tried: int, model: str) -> AttemptSpan:
     """An upstream attempt's client span, started now."""
-    url = urlsplit(backend.url)
+    host, port = address(backend.url)
     attributes: Attributes = {
         "gen_ai.operation.name": operation(ex.api),
         "gen_ai.request.model": model,
         "gen_ai.provider.name": backend.engine,
-        "server.address": url.hostname or "",
-        "server.port": url.port or (443 if url.scheme == "https" else 80),
+        "server.address": host,
+        "server.port": port,
         "gateway.backend": backend.name,
         "gateway.pool": backend.pool,
         "gateway.attempt": tried + 1,
@@ -138,17 +147,16 @@ def _error_attributes(err: GatewayError) -> Attributes:
 
 
 def finish(trace: RequestSpan, ex: Exchange) -> None:
-    """The ending on the server span: outcome, status, usage, the first token; then it ends."""
+    """The ending on the server span: outcome, status, usage, the first token; then it ends.
+    Only for a recorded trace (one left out has nothing to end)."""
     now = time.perf_counter()
-    if not trace.recording:
-        trace.end({}, None, now)
-        return
     outcome = ex.outcome or "client_closed"
     attributes: dict[str, str | bool | int | float | Sequence[str]] = {
         "gateway.outcome": outcome,
         "http.response.status_code": ex.status,
         "gateway.route": ex.route,
         "gateway.pool": ex.pool,
+        "gateway.rule": ex.rule,
         "gateway.backend": ex.backend_name,
     }
     if ex.model is not None:
@@ -161,10 +169,6 @@ def finish(trace: RequestSpan, ex: Exchange) -> None:
             count = usage.get(key)
             if isinstance(count, int) and not isinstance(count, bool):
                 attributes[name] = count
-    if ex.backend is not None:
-        url = urlsplit(ex.backend.url)
-        attributes["server.address"] = url.hostname or ""
-        attributes["server.port"] = url.port or (443 if url.scheme == "https" else 80)
     obs = ex.observer
     if obs is not None and obs.first_token_at is not None:
         ttft = obs.first_token_at - ex.started

@@ -31,6 +31,11 @@ class RequestSpan(Protocol):
     recording: bool
     """False for a trace the sampler left out: the caller builds no attributes for it."""
 
+    def propagate(self, base: dict[str, str]) -> dict[str, str]:
+        """`base` with this request's context for the engine, where the trace is not recorded (its
+        sampled flag off); a recorded trace's attempts give theirs (AttemptSpan.headers)."""
+        ...
+
     def set(self, attributes: Attributes) -> None: ...
 
     def child(self, name: str, start: float, end: float, attributes: Attributes) -> None:
@@ -54,7 +59,7 @@ class Tracing(Protocol):
     enabled: bool
     """False: the request path starts no span at all (the one check it makes)."""
 
-    def request(self, name: str, headers: Mapping[str, str], start: float, attributes: Attributes) -> RequestSpan:
+    def request(self, name: str, headers: Mapping[str, str], start: float) -> RequestSpan:
         """The server span of a request, continuing the client's `traceparent` when it sent one."""
         ...
 
@@ -68,7 +73,7 @@ class NoTracing:
 
     enabled = False
 
-    def request(self, name: str, headers: Mapping[str, str], start: float, attributes: Attributes) -> RequestSpan:
+    def request(self, name: str, headers: Mapping[str, str], start: float) -> RequestSpan:
         raise RuntimeError("tracing is off")
 
     def shutdown(self) -> None:

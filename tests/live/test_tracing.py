@@ -91,7 +91,6 @@ async def test_one_request_one_trace(traced: Stack, receiver: OtlpReceiver, api:
     assert a["gateway.balancer"] == "least_load" and a["gateway.balancer.reason"] == "least_load"
     assert a["gateway.backends_in_order"] == ["vllm-0"] and a["gateway.queued"] is False
     assert a["gateway.request_id"] == "req-1"
-    assert a["server.address"] == "127.0.0.1" and a["server.port"] == int(traced.sims["vllm-0"].base_url.split(":")[-1])
     assert server.status != STATUS_ERROR
     assert "gen_ai.prompt" not in {name for name, _ in server.events}  # no content unless asked for
     if stream:
@@ -102,7 +101,8 @@ async def test_one_request_one_trace(traced: Stack, receiver: OtlpReceiver, api:
     b = attempt.attributes
     assert attempt.name == "chat tiny"
     assert b["gen_ai.provider.name"] == "sim" and b["gateway.backend"] == "vllm-0" and b["gateway.attempt"] == 1
-    assert b["server.address"] == "127.0.0.1" and b["gateway.attempt.result"] == "answered"
+    assert b["server.address"] == "127.0.0.1" and b["server.port"] == int(traced.sims["vllm-0"].base_url.split(":")[-1])
+    assert b["gateway.attempt.result"] == "answered" and b["gateway.pool"] == "vllm" and a["gateway.rule"]
     assert server.start_ns <= attempt.start_ns <= attempt.end_ns <= server.end_ns
     # The engine got the attempt's context; the request id is the client's.
     headers = traced.sims["vllm-0"].stats.recent[-1].headers
@@ -317,3 +317,21 @@ async def test_no_openmetrics_without_tracing(make_stack: StackFactory) -> None:
         assert (await client.post("/v1/chat/completions", json=chat(max_tokens=3))).status_code == 200
         page = await client.get("/metrics", headers={"accept": OPENMETRICS_ACCEPT})
     assert page.headers["content-type"].startswith("text/plain") and "# {" not in page.text
+
+
+async def test_a_new_trace_left_out_still_tells_the_engine(make_stack: StackFactory, receiver: OtlpReceiver) -> None:
+    """sample_ratio 0: a request without a traceparent records nothing, and the engine gets a
+    context with the sampled flag off; a client's sampled trace is still followed."""
+    stack = await make_stack(tracing={"endpoint": receiver.endpoint, "service_name": "gw-test", "sample_ratio": 0})
+    async with httpx.AsyncClient(base_url=stack.base_url) as client:
+        assert (await client.post("/v1/chat/completions", json=chat(max_tokens=3))).status_code == 200
+        headers = {"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"}
+        assert (await client.post("/v1/chat/completions", json=chat(max_tokens=3), headers=headers)).status_code == 200
+    left_out, followed = stack.sims["vllm-0"].stats.recent
+    trace_id, span_id, sampled = parent_of(left_out.headers["traceparent"])
+    assert not sampled and trace_id != CLIENT_TRACE and int(trace_id, 16) and int(span_id, 16)
+    spans = await receiver.wait(one_request)
+    [server] = by_kind(spans, SERVER)
+    assert server.trace_id == CLIENT_TRACE
+    assert parent_of(followed.headers["traceparent"]) == (CLIENT_TRACE, by_kind(spans, CLIENT)[0].span_id, True)
+    assert len(by_kind(spans, SERVER)) == 1
