@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal, TypeVar, cast, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -15,6 +15,7 @@ from prometheus_client.openmetrics import exposition as openmetrics_exposition
 from gateway.metric_types import FineHistogram, LeanCounter, LeanGauge, LeanHistogram, PlainValue
 
 M = TypeVar("M", Counter, Gauge, Histogram)
+_openmetrics_latest = cast(Callable[[CollectorRegistry], bytes], openmetrics_exposition.generate_latest)  # typed alias
 
 
 UNKNOWN = "__unknown__"
@@ -252,7 +253,7 @@ class GatewayMetrics:
         if not openmetrics:
             yield generate_latest(self._coarse)
         else:
-            yield openmetrics_exposition.generate_latest(self._coarse).removesuffix(b"# EOF\n")
+            yield _openmetrics_latest(self._coarse).removesuffix(b"# EOF\n")
         for h in self._fine:
             yield h.render(self._render_cache.setdefault(h._name, {}), openmetrics).encode()
         if openmetrics:
