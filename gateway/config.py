@@ -114,6 +114,34 @@ class RedisConfig(_Model):
         return self
 
 
+class TracingConfig(_Model):
+    """OpenTelemetry traces, exported over OTLP/HTTP (docs/tracing.md). The block's presence turns
+    tracing on; the standard OTEL_* environment variables fill in whatever it leaves unset."""
+
+    enabled: bool = True
+    endpoint: str | None = None
+    """The collector's OTLP/HTTP base URL (`http://collector:4318`; `/v1/traces` is appended);
+    unset: OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT, else http://localhost:4318."""
+    service_name: str | None = None
+    """The resource's service.name; unset: OTEL_SERVICE_NAME, else `llm-gateway`."""
+    sample_ratio: Annotated[float, Field(ge=0, le=1)] | None = None
+    """The share of new traces recorded (a parent's decision is followed); unset:
+    OTEL_TRACES_SAMPLER and OTEL_TRACES_SAMPLER_ARG, else every trace."""
+    headers: Mapping[str, SecretStr] = {}
+    """Headers sent with every export (a collector's key); secret, as they may hold one."""
+    capture_content: bool = False
+    """Record the prompt and a non-stream answer as span events (off: no text leaves the gateway)."""
+    max_content_chars: Annotated[int, Field(ge=1, le=1 << 20)] = 4096
+    """The longest prompt or answer text one event holds; longer is cut off there."""
+
+    @field_validator("endpoint")
+    @classmethod
+    def _check_endpoint(cls, endpoint: str | None) -> str | None:
+        if endpoint is not None and not re.match(r"^https?://[^\s/]+", endpoint):
+            raise ValueError("endpoint must be an http:// or https:// URL")
+        return endpoint
+
+
 class SharingConfig(_Model):
     min_share: Annotated[float, Field(gt=0, le=0.5)] = 0.05
     """While a class has requests waiting, at least this fraction of the slots that free up go to
@@ -350,6 +378,7 @@ class GatewayConfig(_Model):
     keys: tuple[ClientKeyConfig, ...] = ()
     sharing: SharingConfig = SharingConfig()
     redis: RedisConfig | None = None
+    tracing: TracingConfig | None = None
     pools: Mapping[Annotated[str, Field(pattern=_NAME_PATTERN)], PoolConfig]
     routes: Annotated[tuple[RouteConfig, ...], Field(min_length=1)]
     aliases: Mapping[str, str] = {}

@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal, TypeVar, cast, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.openmetrics import exposition as openmetrics_exposition
 
 from gateway.metric_types import FineHistogram, LeanCounter, LeanGauge, LeanHistogram, PlainValue
 
 M = TypeVar("M", Counter, Gauge, Histogram)
+_openmetrics_latest = cast(Callable[[CollectorRegistry], bytes], openmetrics_exposition.generate_latest)  # typed alias
 
 
 UNKNOWN = "__unknown__"
@@ -254,12 +256,18 @@ class GatewayMetrics:
         render themselves (see FineHistogram.render); the same lines, in another order."""
         return b"".join(self.exposition_parts())
 
-    def exposition_parts(self) -> Iterator[bytes]:
+    def exposition_parts(self, openmetrics: bool = False) -> Iterator[bytes]:
         """exposition() in pieces of ~1 ms of CPU each (the coarse metrics, then one fine histogram
-        at a time), so that /metrics can let the event loop run between them."""
-        yield generate_latest(self._coarse)
+        at a time), so that /metrics can let the event loop run between them. `openmetrics`: the
+        OpenMetrics format, which carries the histograms' exemplars (trace ids)."""
+        if not openmetrics:
+            yield generate_latest(self._coarse)
+        else:
+            yield _openmetrics_latest(self._coarse).removesuffix(b"# EOF\n")
         for h in self._fine:
-            yield h.render(self._render_cache.setdefault(h._name, {})).encode()
+            yield h.render(self._render_cache.setdefault(h._name, {}), openmetrics).encode()
+        if openmetrics:
+            yield b"# EOF\n"
 
     def series(self, route: str, pool: str, backend: str, api: str) -> RequestSeries:
         """The samples of one request's labels, memoised (bounded, as the labels are)."""

@@ -2,9 +2,11 @@
 directly and the upstream client answers from memory (the run's static bodies). Deterministic enough
 to compare two commits in a few seconds, and to profile the gateway's code alone.
 
-PYTHONPATH=TREE python3 benchmarks/overhead/inprocess.py [--requests N] [--stream] [--profile FILE]
+PYTHONPATH=TREE python3 benchmarks/overhead/inprocess.py [--requests N] [--stream] [--profile FILE] [--trace R]
 
-It prints CPU µs per request (the best of --repeat runs). Not a substitute for peers.py: uvicorn and
+It prints CPU µs per request (the best of --repeat runs). --trace R: tracing on, sampling a share R
+of the requests, exporting to otlp_sink.py in a process of its own (the exporter's thread is this
+process's, and counted). Not a substitute for peers.py: uvicorn and
 the sockets are left out here on purpose."""
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ import asyncio
 import gc
 import json
 import logging
+import os
+import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -124,7 +129,7 @@ async def _main(args: argparse.Namespace) -> None:
     path = "/v1/chat/completions"
     for _ in range(500):
         assert await _one(app, path, body, never) == 200
-    best = float("inf")
+    best = main = float("inf")
     profiler = None
     if args.profile:
         import cProfile
@@ -132,7 +137,7 @@ async def _main(args: argparse.Namespace) -> None:
         profiler = cProfile.Profile()
     gc.collect()
     for _ in range(args.repeat):
-        t0 = time.process_time()
+        t0, m0 = time.process_time(), time.thread_time()
         if profiler:
             profiler.enable()
         for _ in range(args.requests // args.concurrency):
@@ -140,7 +145,10 @@ async def _main(args: argparse.Namespace) -> None:
         if profiler:
             profiler.disable()
         best = min(best, (time.process_time() - t0) / args.requests * 1e6)
-    print(json.dumps({"cpu_us_per_request": round(best, 2), "stream": args.stream}))
+        main = min(main, (time.thread_time() - m0) / args.requests * 1e6)
+    # main: the event loop's thread alone (the request path), without the exporter's thread.
+    figures = {"cpu_us_per_request": round(best, 2), "main_thread_us_per_request": round(main, 2)}
+    print(json.dumps({**figures, "stream": args.stream, "trace": args.trace}))
     if profiler:
         profiler.dump_stats(args.profile)
     await startup.put({"type": "lifespan.shutdown"})
@@ -154,7 +162,19 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--stream", action="store_true")
     parser.add_argument("--profile", default="")
+    parser.add_argument("--trace", type=float, default=None, help="tracing on at this sampling ratio")
     args = parser.parse_args()
+    sink = None
+    if args.trace is not None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        here = Path(__file__).parent
+        sink = subprocess.Popen([sys.executable, str(here / "otlp_sink.py"), "--port", str(port)])
+        time.sleep(0.5)
+        os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{port}"
+        os.environ["OTEL_TRACES_SAMPLER"] = "parentbased_traceidratio"
+        os.environ["OTEL_TRACES_SAMPLER_ARG"] = str(args.trace)
     logging.basicConfig(level=logging.WARNING)
     try:
         import uvloop
@@ -162,7 +182,12 @@ def main() -> None:
         uvloop.install()
     except ImportError:
         pass
-    asyncio.run(_main(args))
+    try:
+        asyncio.run(_main(args))
+    finally:
+        if sink is not None:
+            sink.terminate()
+            sink.wait()
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The gateway's instructions per request and per streamed token, counted by valgrind's callgrind.
 
-    python3 benchmarks/overhead/instructions.py [--compiled] [--tree DIR] [--streams 20] [--requests 400]
+    python3 benchmarks/overhead/instructions.py [--compiled] [--tree DIR] [--streams 20] [--requests 400] [--trace R]
 
 Why a second measure beside peers.py: CPU time on a shared VM moves by ±20 % from one minute to the
 next, so a change worth 5 % takes many interleaved rounds to see. An instruction count does not move
@@ -15,7 +15,9 @@ warms it, and counts three phases: `--requests` non-stream requests one after an
 `--streams` concurrent streams of 100 tokens, then of 20. A token's count at the margin is the
 difference of the two stream phases over the 80 tokens between them; the rest is a stream's own.
 Needs valgrind (apt-get install valgrind). `--compiled` counts the compiled build
-(deploy/build-compiled.sh) of the tree; `--tree` counts another checkout (a git worktree)."""
+(deploy/build-compiled.sh) of the tree; `--tree` counts another checkout (a git worktree). `--trace R`
+turns tracing on, a share R of the requests sampled, exporting every 200 ms to otlp_sink.py (on the
+load core); the exporter's thread is the gateway's, and counted."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import argparse
 import http.client
 import json
 import os
+import site
 import subprocess
 import sys
 import tempfile
@@ -96,6 +99,7 @@ def main() -> int:
     p.add_argument("--streams", type=int, default=20, help="concurrent streams in each stream phase")
     p.add_argument("--requests", type=int, default=400, help="non-stream requests")
     p.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    p.add_argument("--trace", type=float, default=None, help="tracing on, this share of the requests sampled")
     record.add_arguments(p)
     a = p.parse_args()
     tree = a.tree.resolve()
@@ -126,7 +130,23 @@ def main() -> int:
             # The interpreter itself, not a wrapper script (pyenv's shim is one): valgrind follows no child.
             argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}"]
             argv += [os.path.realpath(sys.executable), "-m", "gateway.cli", "serve", "--config", str(conf)]
-            run_env = {**os.environ, "PYTHONPATH": str(src), "PYTHONSAFEPATH": "1"}
+            # The real interpreter leaves a virtual environment's packages behind: put them back on the
+            # path (a venv's OpenTelemetry, for --trace, and the same versions of everything else).
+            path = os.pathsep.join([str(src), *site.getsitepackages()])
+            run_env = {**os.environ, "PYTHONPATH": path, "PYTHONSAFEPATH": "1"}
+            if a.trace is not None:
+                sink_port = free_port()
+                sink = env.start(
+                    "otlp-sink", [sys.executable, str(HERE / "otlp_sink.py"), "--port", str(sink_port)], load_core
+                )
+                wait_http(f"http://127.0.0.1:{sink_port}/count", sink)
+                run_env.update(
+                    OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{sink_port}",
+                    OTEL_TRACES_SAMPLER="parentbased_traceidratio",
+                    OTEL_TRACES_SAMPLER_ARG=str(a.trace),
+                    # Exports inside each counted phase, not after it (the batch processor's default is 5 s).
+                    OTEL_BSP_SCHEDULE_DELAY="200",
+                )
             gw = env.start("gateway", argv, gw_core, env=run_env, cwd=src)
             wait_http(f"http://127.0.0.1:{port}/readyz", gw, timeout_s=120)
             nonstream(port, 50)  # warm: imports, pools, the first of each code path
@@ -158,7 +178,8 @@ def main() -> int:
     per_token = (per_long - per_short) / (LONG - SHORT)
     per_stream = per_short - SHORT * per_token
     build = "compiled" if a.compiled else "Python"
-    print(f"Instructions (callgrind, userland), {build} build of {tree} at {head.stdout.strip() or '?'}:")
+    traced = "" if a.trace is None else f", tracing at {a.trace} sampling"
+    print(f"Instructions (callgrind, userland), {build} build of {tree} at {head.stdout.strip() or '?'}{traced}:")
     print(f"  non-stream request           {per_request:12,.0f}   ({a.requests} requests)")
     print(f"  stream of {LONG} tokens        {per_long:12,.0f}   ({n} concurrent)")
     print(f"  stream of {SHORT} tokens         {per_short:12,.0f}   ({n} concurrent)")
@@ -174,8 +195,9 @@ def main() -> int:
         "token_at_margin": per_token,
         "stream_besides_tokens": per_stream,
     }
-    note = f"{build} build of {tree} at {head.stdout.strip() or '?'}"
-    record.write_if_asked(a, "overhead-instructions", {build.lower(): measured}, notes=note)
+    note = f"{build} build of {tree} at {head.stdout.strip() or '?'}{traced}"
+    key = build.lower() if a.trace is None else f"{build.lower()}-trace-{a.trace}"
+    record.write_if_asked(a, "overhead-instructions", {key: measured}, notes=note)
     return 0
 
 

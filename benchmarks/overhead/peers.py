@@ -4,7 +4,8 @@ a ratio to the floor (a 35-line Starlette + aiohttp proxy, floor_proxy.py), with
 Peers: the gateway with the shipped-style config at its default log level (`gateway`: the Python
 install), the same compiled as deploy/Dockerfile builds it (`gateway+mypyc`: setup.py's mypyc
 modules, built by deploy/build-compiled.sh, cached), the same at other log levels
-(`gateway@warning`: the access log off), the floor, sglang-router and vllm-router
+(`gateway@warning`: the access log off), the same with tracing on (`gateway~otel=RATIO`: OTLP/HTTP
+export to otlp_sink.py, RATIO of the requests sampled), the floor, sglang-router and vllm-router
 (Rust, from PyPI, each in its own venv under ~/.cache/gateway-ci keyed by version), and nginx as a
 proxy (a C reference). Every peer runs pinned to the same core for the whole run; each round runs each
 test once per peer, in an order rotated every round, so a noisy minute lands on every peer alike.
@@ -287,7 +288,8 @@ def main() -> int:
         "--peers",
         default="gateway,gateway+mypyc,gateway@warning,floor,sglang-router,vllm-router,nginx",
         help="comma-separated: gateway (its default log level), gateway+mypyc (the compiled build), "
-        "gateway@LEVEL, floor, sglang-router, vllm-router, nginx",
+        "gateway@LEVEL, gateway~otel=RATIO (tracing on, exporting to otlp_sink.py, RATIO of the requests "
+        "sampled), floor, sglang-router, vllm-router, nginx",
     )
     p.add_argument("--compare", nargs=2, metavar=("REV_A", "REV_B"), help="two commits of the gateway and the floor")
     p.add_argument("--smoke", action="store_true", help="20 s: gateway vs floor; exit 1 past 2x the floor")
@@ -362,10 +364,20 @@ def main() -> int:
             "sse": f"http://127.0.0.1:{up_port}/sse",
             "paced": f"http://127.0.0.1:{paced_port}",
         }
+        sink_url = ""
+        if any(n.startswith("gateway~otel=") for n in peer_names):
+            # The tracing peers export to a stand-in collector on the load core (its CPU is not theirs).
+            sink_port = free_port()
+            sink = env.start(
+                "otlp-sink", [sys.executable, str(HERE / "otlp_sink.py"), "--port", str(sink_port)], load_core
+            )
+            sink_url = f"http://127.0.0.1:{sink_port}"
         time.sleep(0.5)
         load_pids = [nginx_up.pid, *children(nginx_up.pid), paced.pid]
+        if sink_url:
+            load_pids.append(sink.pid)
 
-        def start_gateway(name: str, level: str | None, src: Path) -> Peer:
+        def start_gateway(name: str, level: str | None, src: Path, extra: dict[str, str] | None = None) -> Peer:
             port = free_port()
             routes = "".join(configs.ROUTE.format(model=MODEL[k], pool=k) for k in KINDS)
             yaml = configs.GATEWAY_CONF.format(port=port, nginx=up_port, paced=paced_port, routes=routes)
@@ -373,7 +385,8 @@ def main() -> int:
             conf.write_text(yaml)
             argv = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(conf), "--port", str(port)]
             argv += ["--log-level", level] if level else []
-            proc = env.start(name.replace("=", "-"), argv, px_core, env={**os.environ, "PYTHONPATH": str(src)}, cwd=src)
+            penv = {**os.environ, "PYTHONPATH": str(src), **(extra or {})}
+            proc = env.start(name.replace("=", "-"), argv, px_core, env=penv, cwd=src)
             peer = Peer(name, {k: f"http://127.0.0.1:{port}" for k in KINDS}, [proc])
             for kind in KINDS:
                 wait_ready(peer.urls[kind] + path[kind], proc, body[kind], want[kind])
@@ -399,6 +412,13 @@ def main() -> int:
                     peer = start_gateway(name, level, REPO)
                 elif name == "gateway+mypyc":
                     peer = start_gateway(name, None, compiled_build())
+                elif name.startswith("gateway~otel="):  # tracing on, this share of requests sampled
+                    otel = {
+                        "OTEL_EXPORTER_OTLP_ENDPOINT": sink_url,
+                        "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+                        "OTEL_TRACES_SAMPLER_ARG": name.split("=", 1)[1],
+                    }
+                    peer = start_gateway(name, None, REPO, otel)
                 elif name.startswith("gateway="):
                     src, short = worktree(name.split("=", 1)[1], tmp)
                     worktrees.append(src)

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
@@ -39,6 +41,8 @@ from gateway.policy.rules import Platform
 from gateway.protocols.base import ProtocolAdapter
 from gateway.protocols.catalog import ENDPOINTS, REASONING_COPY
 from gateway.protocols.response_store import ResponseStore
+from gateway.tracing.base import NoTracing, Tracing
+from gateway.tracing.settings import tracing_settings
 from gateway.upstream.client import UpstreamClient
 
 if TYPE_CHECKING:
@@ -72,6 +76,34 @@ class Gateway:
     kv_events: KVEventFleet | None = None
     """The backends' KV-event subscribers; None unless a backend names `kv_events`."""
     tokens: PromptTokens | None = None
+    tracing: Tracing = field(default_factory=lambda: NoTracing())
+    """The tracer (NoTracing when tracing is off); built once per process, kept across reloads."""
+
+
+def make_tracing(config: GatewayConfig, env: Mapping[str, str]) -> Tracing:
+    """The tracer the `tracing:` block or the OTEL_* variables ask for; NoTracing when neither does,
+    and then nothing of OpenTelemetry is imported. Without the `otel` extra, a block in gateway.yaml
+    is an error; the variables alone (perhaps set for another program) only get a warning."""
+    settings = tracing_settings(config.tracing, env)
+    if settings is None:
+        return NoTracing()
+    try:
+        from gateway.tracing.otel import OtelTracing  # the `otel` extra; only a tracing gateway loads it
+    except ImportError as exc:
+        hint = f"tracing is on ({settings.source}) but OpenTelemetry is missing: pip install 'llm-gateway[otel]'"
+        if settings.source == "gateway.yaml":
+            raise RuntimeError(hint) from exc
+        log.warning("%s; serving without traces", hint)
+        return NoTracing()
+    log.info(
+        "tracing on (%s): service %s, sampler %s%s, exporting to %s",
+        settings.source,
+        settings.service_name,
+        settings.sampler,
+        f" {settings.ratio}" if "ratio" in settings.sampler else "",
+        settings.endpoint or "the OTEL_EXPORTER_OTLP_* endpoint",
+    )
+    return OtelTracing(settings)
 
 
 def access_gate(config: GatewayConfig, metrics: GatewayMetrics, memory: MemoryStore | None = None) -> AccessGate:
@@ -95,6 +127,7 @@ def build(
     lifecycle: Lifecycle | None = None,
     memory: MemoryStore | None = None,
     responses: ResponseStore | None = None,
+    tracing: Tracing | None = None,
 ) -> Gateway:
     metrics = metrics or GatewayMetrics()
     registry = Registry(config)
@@ -144,6 +177,7 @@ def build(
         responses=responses or ResponseStore(config.limits.max_response_ids),
         kv_events=kv_events,
         tokens=PromptTokens(config, registry, upstream, set(kv_events.subscribers)) if kv_events else None,
+        tracing=tracing or NoTracing(),
     )
 
 
@@ -184,11 +218,14 @@ def _assemble(gw: Gateway) -> _Served:
             gw.responses,
             variants=_variants(protocol, gw.config),
             tokens=gw.tokens,
+            tracing=gw.tracing,
         )
         for protocol in ENDPOINTS
     ]
     stored = StoredResponses(gw.access, gw.responses, gw.registry, gw.upstream, gw.config.timeouts.first_byte_s)
-    routes = Endpoints(gw.config, gw.registry, gw.metrics, gw.scraper, gw.lifecycle, gw.access).routes(endpoints)
+    routes = Endpoints(
+        gw.config, gw.registry, gw.metrics, gw.scraper, gw.lifecycle, gw.access, exemplars=gw.tracing.enabled
+    ).routes(endpoints)
     routes += [
         Route("/v1/responses/{response_id}", stored.get, methods=["GET"]),
         Route("/v1/responses/{response_id}/cancel", stored.cancel, methods=["POST"]),
@@ -236,8 +273,10 @@ async def _stop(served: _Served) -> None:
     await served.gateway.access.close()
 
 
-def create_app(config: GatewayConfig, platform: Platform | None = None) -> GatewayApp:
-    return GatewayApp(config, platform)
+def create_app(
+    config: GatewayConfig, platform: Platform | None = None, env: Mapping[str, str] | None = None
+) -> GatewayApp:
+    return GatewayApp(config, platform, env)
 
 
 class GatewayApp:
@@ -249,12 +288,18 @@ class GatewayApp:
     swaps it in: new requests use it at once, requests in flight finish on the old one, whose
     session closes when they are done. Metrics and the draining flag carry over."""
 
-    def __init__(self, config: GatewayConfig, platform: Platform | None = None) -> None:
+    def __init__(
+        self, config: GatewayConfig, platform: Platform | None = None, env: Mapping[str, str] | None = None
+    ) -> None:
         self._platform = platform
         self._metrics = GatewayMetrics()
         self._lifecycle = Lifecycle()
         self._memory = MemoryStore()  # per-replica limit counters survive a reload
-        self._served = _assemble(build(config, platform, self._metrics, self._lifecycle, self._memory))
+        # One tracer for the process (its exporter's thread and buffer): a reload keeps it.
+        self._tracing = make_tracing(config, os.environ if env is None else env)
+        self._served = _assemble(
+            build(config, platform, self._metrics, self._lifecycle, self._memory, tracing=self._tracing)
+        )
         self._retiring: set[asyncio.Task[None]] = set()
 
     @property
@@ -299,6 +344,7 @@ class GatewayApp:
             elif message["type"] == "lifespan.shutdown":
                 await asyncio.gather(*self._retiring, return_exceptions=True)
                 await _stop(self._served)
+                await asyncio.to_thread(self._tracing.shutdown)  # the last spans, exported
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
@@ -307,7 +353,9 @@ class GatewayApp:
         pins = self._served.gateway.responses
         if pins.max_ids != config.limits.max_response_ids:
             pins = pins.resized(config.limits.max_response_ids)
-        new = _assemble(build(config, self._platform, self._metrics, self._lifecycle, self._memory, pins))
+        new = _assemble(
+            build(config, self._platform, self._metrics, self._lifecycle, self._memory, pins, self._tracing)
+        )
         await _start(new)
         old, self._served = self._served, new
         gone = {b.name for b in old.gateway.registry} - {b.name for b in new.gateway.registry}

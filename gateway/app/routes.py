@@ -9,6 +9,7 @@ import zlib
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_TYPE
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -43,8 +44,11 @@ class Endpoints:
         scraper: LoadScraper,
         lifecycle: Lifecycle,
         access: AccessGate,
+        exemplars: bool = False,
     ) -> None:
         self._config = config
+        self._exemplars = exemplars
+        """Tracing is on: a scrape that asks for OpenMetrics gets it, with the trace ids as exemplars."""
         self._lifecycle = lifecycle
         self._access = access
         self._registry = registry
@@ -104,17 +108,17 @@ class Endpoints:
         (streams wait ~1 ms at most, not the whole render's 4-9 ms), and gzipped (level 1, in a
         thread: zlib lets go of the GIL) when the scraper accepts it, as Prometheus does."""
         self._scraper.export_ages()
+        openmetrics = self._exemplars and "application/openmetrics-text" in request.headers.get("accept", "")
+        media_type = OPENMETRICS_TYPE if openmetrics else CONTENT_TYPE_LATEST
         parts: list[bytes] = []
-        for part in self._metrics.exposition_parts():
+        for part in self._metrics.exposition_parts(openmetrics):
             parts.append(part)
             await asyncio.sleep(0)
         body = b"".join(parts)
         if "gzip" not in request.headers.get("accept-encoding", "") or len(body) < _GZIP_MIN:
-            return Response(body, media_type=CONTENT_TYPE_LATEST)
+            return Response(body, media_type=media_type)
         packed = await asyncio.to_thread(zlib.compress, body, 1, 31)  # wbits 31: the gzip format
-        return Response(
-            packed, media_type=CONTENT_TYPE_LATEST, headers={"content-encoding": "gzip", "vary": "accept-encoding"}
-        )
+        return Response(packed, media_type=media_type, headers={"content-encoding": "gzip", "vary": "accept-encoding"})
 
     async def openapi(self, request: Request) -> Response:
         return Response(self._openapi, media_type="application/json")

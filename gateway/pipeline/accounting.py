@@ -29,7 +29,9 @@ class Accounting:
     def sent(self, ex: Exchange) -> None:
         """The first attempt leaves: the gateway's own overhead ends here."""
         ex.sent_at = time.perf_counter()
-        self._m.child(self._m.overhead, ex.route).observe(ex.sent_at - ex.entered)
+        trace = ex.trace
+        exemplar = {"trace_id": trace.trace_id} if trace is not None and trace.trace_id else None
+        self._m.child(self._m.overhead, ex.route).observe(ex.sent_at - ex.entered, exemplar)
 
     def count_streamed(self, ex: Exchange, content_events: int) -> None:
         """Add the content chunks relayed since the last call to the output-token counter, so that
@@ -48,8 +50,11 @@ class Accounting:
         series = m.series(ex.route, ex.pool, ex.backend_name, ex.api)
         series.outcome(outcome).inc(1)
         duration = now - ex.started
+        trace = ex.trace
+        # The trace id as the latency samples' exemplar (shown where the scrape asks for OpenMetrics).
+        exemplar = {"trace_id": trace.trace_id} if trace is not None and trace.trace_id else None
         if ex.sent_at is not None:
-            series.fine(m.duration).observe(duration)
+            series.fine(m.duration).observe(duration, exemplar)
         obs = ex.observer
         usage = ex.reported_usage()
         completion = prompt = None
@@ -67,7 +72,7 @@ class Accounting:
         if prompt and ex.sent_at is not None:
             series.tokens("prompt", "usage" if usage is not None else "estimated").inc(prompt)
         if obs is not None and obs.first_token_at is not None:
-            series.fine(m.ttft).observe(obs.first_token_at - ex.started)
+            series.fine(m.ttft).observe(obs.first_token_at - ex.started, exemplar)
             if obs.gaps or obs.together:
                 observe_many(series.fine(m.itl), obs.gaps, zeros=obs.together)
             decode = (obs.last_token_at or obs.first_token_at) - obs.first_token_at

@@ -22,6 +22,7 @@ from gateway.fleet.capacity import Capacity
 from gateway.fleet.health import PassiveHealth
 from gateway.fleet.registry import Backend
 from gateway.metrics import GatewayMetrics
+from gateway.pipeline import spans
 from gateway.pipeline.accounting import Accounting
 from gateway.pipeline.exchange import Exchange, Outcome
 from gateway.pipeline.headers import for_backend
@@ -30,6 +31,7 @@ from gateway.pipeline.router import Plan, Router
 from gateway.protocols.base import Inbound, ProtocolAdapter
 from gateway.protocols.dropped import KNOWN_DROPPED
 from gateway.protocols.edits import Edits
+from gateway.tracing.base import AttemptSpan
 from gateway.upstream.client import UpstreamClient, UpstreamResponse, UpstreamTooLarge, error_kind
 
 _MAX_ERROR_BODY = 64 * 1024
@@ -87,15 +89,31 @@ class Attempts:
             gauge = self._accounting.in_flight(ex, backend)
             self._capacity.acquire(backend)
             gauge.inc(1)
+            sent, name = headers, ""
+            span: AttemptSpan | None = None
+            trace = ex.trace
+            if trace is not None:
+                if trace.recording:
+                    name = self._router.upstream_model(plan, backend, model, inbound.model) or inbound.model
+                    span = spans.attempt(trace, ex, backend, tried, name)
+                    sent = span.headers(headers)
+                else:  # not recorded: the engine is still told, so that it records nothing either
+                    sent = trace.propagate(headers)
             try:
                 failed = await self._attempt(
-                    ex, send, protocol, inbound, edits, model, headers, plan, backend, tried == 0, bodies, owner
+                    ex, send, protocol, inbound, edits, model, sent, plan, backend, tried == 0, bodies, owner
                 )
+            except BaseException as exc:
+                if span is not None:
+                    spans.attempt_raised(span, ex, exc)
+                raise
             finally:
                 gauge.inc(-1)
                 self._capacity.release(backend)
                 if took_retry:
                     self._capacity.give_back_retry()
+            if span is not None:
+                spans.attempt_ended(span, failed if isinstance(failed, GatewayError) else None, name)
             if not isinstance(failed, GatewayError):
                 return failed
             last_error = failed

@@ -12,6 +12,7 @@ import functools
 import itertools
 import logging
 import os
+import time
 from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any
 
@@ -31,6 +32,7 @@ from gateway.errors import (
     ShuttingDown,
     UpstreamTimeout,
 )
+from gateway.pipeline import spans
 from gateway.pipeline.accounting import Accounting, prompt_tokens
 from gateway.pipeline.admission import Admission
 from gateway.pipeline.attempts import Attempts
@@ -44,6 +46,7 @@ from gateway.pipeline.router import Plan, Router
 from gateway.policy.fairqueue import Ticket
 from gateway.protocols.base import Inbound, ProtocolAdapter
 from gateway.protocols.response_store import ResponseStore, not_found_body
+from gateway.tracing.base import NoTracing, RequestSpan, Tracing
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +84,10 @@ class CompletionEndpoint:
         pins: ResponseStore | None = None,
         variants: Mapping[str, ProtocolAdapter] | None = None,
         tokens: PromptTokens | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.protocol = protocol
+        self._tracing: Tracing = tracing if tracing is not None else NoTracing()
         # Route label -> the adapter that route gets instead (reasoning_content: copy); empty for most.
         self._variants: Mapping[str, ProtocolAdapter] = variants or {}
         self.path = protocol.path
@@ -116,6 +121,9 @@ class CompletionEndpoint:
         if arrived is not None:
             ex.started = arrived
             ex.scope = scope  # type: ignore[assignment]  # (a TypedDict to starlette)
+        trace: RequestSpan | None = None
+        if self._tracing.enabled:
+            trace = ex.trace = spans.begin(self._tracing, ex, headers, scope["method"])
         task = asyncio.current_task(scope.get(LOOP))  # the loop from the server: no getpid() (asgi.LOOP)
         assert task is not None
         ending = RequestEnd(task)
@@ -171,7 +179,10 @@ class CompletionEndpoint:
             ex.pool, ex.rule = plan.pool, plan.rule
             ticket = self._admission.ticket(client, route, headers, estimate, inbound.max_tokens)
             held = await self._access.hold(client, estimate, self._admission.output_tokens(inbound.max_tokens))
+            admit_start = time.perf_counter() if trace is not None else 0.0
             backends, plan, queued = await self._admission.admit(plan, route.label, ticket)
+            if trace is not None and trace.recording:
+                spans.routed(trace, ex, inbound, plan, backends, self._config, admit_start, queued)
             first = self._router.upstream_model(plan, backends[0], route.upstream_model, inbound.model)
             cap_edits, count = await self._caps.apply(route, inbound, view, backends[0], first or inbound.model)
             ex.estimator_key, ex.prompt_chars, ex.prompt_messages = count.key, count.chars, count.messages
@@ -241,6 +252,8 @@ class CompletionEndpoint:
                 self._caps.learn(count, prompt_tokens(usage))
             if queued and ticket is not None:
                 self._admission.settle(ex.pool, ticket, usage)
+            if trace is not None and trace.recording:
+                spans.finish(trace, ex)
 
     def _pinned(self, route: RouteConfig, inbound: Inbound, view: Any, headers: dict[str, str], estimate: int) -> Plan:
         """The plan of a request that names stored state: the one backend that holds it, or OpenAI's 404

@@ -11,6 +11,7 @@ from gateway.fleet.registry import Backend
 from gateway.metrics import NONE
 from gateway.metrics import Outcome as Outcome
 from gateway.protocols.base import Api, SseObserver
+from gateway.tracing.base import RequestSpan
 
 """Exactly one per request (gateway_requests_total's outcome); internal_error is a gateway bug."""
 
@@ -64,6 +65,8 @@ class Exchange:
     ChunkWriter there (asgi.BODY_WRITER) once the head is out."""
     streamed_tokens: int = 0
     """Output tokens already added to gateway_output_tokens_total while the stream was relayed."""
+    trace: RequestSpan | None = None
+    """The request's server span where tracing is on (pipeline/spans.py fills it in)."""
 
     def reported_usage(self) -> dict[str, Any] | None:
         """The engine's usage: from the body, else from the stream's usage event."""

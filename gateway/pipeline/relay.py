@@ -191,6 +191,8 @@ class Relay:
         """Relay a whole answer; its outcome (the request's owner records it)."""
         raw = await resp.read(max(self._idle_s, self._first_token_s), self._max_response_bytes)
         resp.release()
+        if ex.trace is not None and ex.trace.recording:
+            ex.trace.content("gen_ai.completion", raw)
         ex.answer_id = protocol.answer_id(raw)
         try:
             parsed = json.loads(raw)

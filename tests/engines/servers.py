@@ -364,13 +364,15 @@ def start_vllm(
     max_num_seqs: int = 2,
     cpu_omp_threads_bind: str | None = None,
     extra_args: Sequence[str] = (),
+    extra_env: Mapping[str, str] | None = None,
     host: str = "127.0.0.1",
     port: int | None = None,
     log_path: Path | None = None,
     ready_timeout: float = 240.0,
 ) -> EngineServer:
     """Start vLLM's OpenAI server on the CPU. ``cpu_omp_threads_bind`` (e.g. "0", "1") pins the
-    replica's compute threads so that two replicas can run side by side."""
+    replica's compute threads so that two replicas can run side by side; ``extra_env`` adds to the
+    process's environment (its OTEL_* settings)."""
     env = _require("vllm")
 
     def command(port: int) -> list[str]:
@@ -402,6 +404,7 @@ def start_vllm(
     }
     if cpu_omp_threads_bind is not None:
         proc_env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_omp_threads_bind
+    proc_env.update(extra_env or {})
     return _launch(
         "vllm",
         command,

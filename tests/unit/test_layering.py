@@ -148,7 +148,7 @@ LAYERS: list[set[str]] = [
     {"engines", "value", "errors", "asgi", "deadlines", "metric_types", "accesslog"},
     {"config", "metrics"},
     {"config_loader", "policy"},
-    {"hostinfo", "protocols", "upstream", "access"},
+    {"hostinfo", "protocols", "upstream", "access", "tracing"},
     {"fleet"},
     {"pipeline"},
     {"app"},
@@ -226,3 +226,22 @@ def test_aiohttp_is_only_the_bench_extras() -> None:
     runtime = text.split("dependencies = [", 1)[1].split("]", 1)[0]
     bench = text.split("\nbench = [", 1)[1].split("]", 1)[0]
     assert "aiohttp" not in runtime and "aiohttp" in bench
+
+
+def test_opentelemetry_is_only_the_otel_extras() -> None:
+    """Tracing off loads no OpenTelemetry: only gateway/tracing/otel.py imports it, only build.py imports
+    that module (inside the function that runs when tracing is on), and the packages are an extra."""
+    modules = [p for p in (ROOT / "gateway").rglob("*.py")]
+    users = {
+        p.relative_to(ROOT).as_posix() for p in modules if any(m.split(".")[0] == "opentelemetry" for m in imports(p))
+    }
+    assert users == {"gateway/tracing/otel.py"}
+    importers = {p.relative_to(ROOT).as_posix() for p in modules if "gateway.tracing.otel" in imports(p)}
+    assert importers == {"gateway/app/build.py"}
+    build = ast.parse((ROOT / "gateway/app/build.py").read_text(encoding="utf-8"))
+    top_level = {n.module for n in build.body if isinstance(n, ast.ImportFrom)}
+    assert "gateway.tracing.otel" not in top_level
+    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    runtime = text.split("dependencies = [", 1)[1].split("]", 1)[0]
+    otel = text.split("\notel = [", 1)[1].split("]", 1)[0]
+    assert "opentelemetry" not in runtime and "opentelemetry-sdk" in otel

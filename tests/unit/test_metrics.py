@@ -90,3 +90,31 @@ def test_request_series_updates_the_labelled_samples_and_adds_none_unused() -> N
     assert 'gateway_time_to_first_token_seconds_count{api="chat",pool="vllm",route="chat"} 1.0' in page
     assert "gateway_request_output_tokens_per_second_count" not in page  # never observed: not made
     assert 'outcome="client_closed"' not in page
+
+
+def test_openmetrics_exposition_writes_what_prometheus_client_writes_with_exemplars() -> None:
+    """The OpenMetrics page (tracing on, a scrape that asks for it) is prometheus_client's own
+    OpenMetrics generate_latest, line for line, each bucket's exemplar (a trace id) included."""
+    from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+    m = GatewayMetrics()
+    trace = {"trace_id": "4bf92f3577b34da6a3ce929d0e0e4736"}
+    for route, pool in (("chat", "vllm"), ('odd "name" \\ here', "b")):
+        m.child(m.duration, route, pool, "chat").observe(0.1234, trace)
+        m.child(m.duration, route, pool, "chat").observe(7.0)
+        m.child(m.ttft, route, pool, "chat").observe(0.05, {"trace_id": "00f067aa0ba902b7" * 2})
+    m.child(m.overhead, "chat").observe(0.001, trace)
+    m.child(m.requests, "chat", "pool", "vllm-0", "chat", "success").inc()
+    slow = openmetrics_latest(m.registry).decode()  # type: ignore[no-untyped-call]
+    fast = b"".join(m.exposition_parts(openmetrics=True)).decode()
+    assert fast.endswith("# EOF\n") and fast.count("# EOF") == 1
+    assert sorted(fast.splitlines()) == sorted(slow.splitlines())
+    found = [
+        (s.labels, s.exemplar.labels)
+        for family in text_string_to_metric_families(fast)  # type: ignore[no-untyped-call]
+        for s in family.samples
+        if s.exemplar is not None and s.name == "gateway_request_duration_seconds_bucket"
+    ]
+    assert len(found) == 2 and all(ex == trace for _, ex in found)
+    assert "# {" not in m.exposition().decode()  # the text format has no exemplars
