@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, get_args
 
@@ -18,6 +18,7 @@ from gateway.app.build import Gateway
 from gateway.config_loader import parse_config
 from gateway.pipeline.exchange import Outcome
 from gateway.serving.server import start
+from tests.live.redis_server import RedisServer, start_redis
 
 
 @dataclass
@@ -173,3 +174,13 @@ def content_of(events: list[str]) -> str:
         for choice in obj.get("choices", []):
             text += (choice.get("delta") or {}).get("content") or choice.get("text") or ""
     return text
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    """A real redis-server of the test's own, stopped after it (or by the test, to see Redis go)."""
+    server = start_redis()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ from redis.asyncio import Redis
 from gateway.config import ClientKeyConfig
 from gateway.tools import keyscommand
 from tests.live.conftest import Stack, StackFactory, chat
-from tests.live.redis_server import RedisServer, start_redis
+from tests.live.redis_server import RedisServer
 
 pytestmark = pytest.mark.live
 
@@ -32,15 +31,6 @@ def budget_key(**budget: Any) -> dict[str, Any]:
 
 
 AUTH = {"authorization": "Bearer sk-team"}
-
-
-@pytest.fixture
-def redis_server() -> Iterator[RedisServer]:
-    server = start_redis()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 async def spend(client: httpx.AsyncClient, stack: Stack) -> httpx.Response:

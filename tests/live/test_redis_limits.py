@@ -11,7 +11,6 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -20,22 +19,13 @@ from redis.asyncio import Redis
 
 from engines.sim.server import SimServer
 from tests.live.conftest import Stack, StackFactory, chat, sim_params
-from tests.live.redis_server import RedisServer, start_redis
+from tests.live.redis_server import RedisServer
 from tests.live.test_demo import free_port
 
 pytestmark = pytest.mark.live
 
 KEY = {"name": "team", "key": "sk-team", "requests_per_minute": 4}
 AUTH = {"authorization": "Bearer sk-team"}
-
-
-@pytest.fixture
-def redis_server() -> Iterator[RedisServer]:
-    server = start_redis()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 async def fresh_minute() -> None:
