@@ -9,7 +9,7 @@ and defaulted max_tokens, a backend that always answers 500 (retries, upstream e
 ejection), a tiny retry budget (exhausted), `x-sim-fault` die_after (midstream errors), stall
 (idle timeouts) and headers_delay (first-byte timeouts), clients that hang up mid-stream, unknown
 models, shared-prefix traffic that a rule sends to another pool, a max_in_flight=1 backend (queue
-wait) and engine-load scraping every second.
+wait), a client key with a token budget and engine-load scraping every second.
 
 Then every expression is evaluated as one instant query at the end through the HTTP API. The
 windows are the deployed ones, `[1m]` (and `$__rate_interval` = 1m): the whole load fits in one
@@ -45,6 +45,7 @@ pytestmark = [pytest.mark.prometheus, pytest.mark.live]
 # Concurrency phases, (active clients, seconds): 1..16 up and down. About 24 s of load in all.
 PHASES = [(1, 2.0), (4, 2.5), (16, 3.0), (8, 2.5), (2, 2.0), (12, 3.0), (6, 2.5), (16, 2.5), (3, 2.0), (1, 2.0)]
 MAX_CLIENTS = max(c for c, _ in PHASES)
+CLIENT_KEY = "sk-test-team-a"
 SHARED_SYSTEM = "You are an agent working on the repository. " * 12  # ~550 chars, the same every time
 
 
@@ -71,6 +72,15 @@ def _gateway_config(urls: dict[str, str]) -> dict[str, Any]:
         "limits": {"queue_timeout_s": 10, "max_queue": 2},
         "timeouts": {"first_byte_s": 0.4, "idle_s": 0.4, "keepalive_s": 0.2},
         "retry": {"max_attempts": 2, "budget_ratio": 0.0, "budget_min": 1},
+        # One client key with a daily token budget far above the load: its usage is what the
+        # budget panel shows. Every request of the load sends it.
+        "keys": [
+            {
+                "name": "team-a",
+                "key": CLIENT_KEY,
+                "budgets": [{"period": "day", "input_tokens": 10**9, "output_tokens": 10**9}],
+            }
+        ],
         "health": {"interval_s": 1, "timeout_s": 1, "scrape_interval_s": 1, "unhealthy_after": 5},
         "pools": {
             "vllm": {
@@ -283,7 +293,8 @@ async def _load(base_url: str) -> Counter[str]:
             results[f"{kind} {status}"] += 1
 
     limits = httpx.Limits(max_connections=MAX_CLIENTS * 2, max_keepalive_connections=MAX_CLIENTS)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(20.0), limits=limits) as client:
+    auth = {"authorization": f"Bearer {CLIENT_KEY}"}
+    async with httpx.AsyncClient(timeout=httpx.Timeout(20.0), limits=limits, headers=auth) as client:
         tasks = [asyncio.create_task(client_loop(i, client)) for i in range(MAX_CLIENTS)]
         try:
             for concurrency, seconds in PHASES:
