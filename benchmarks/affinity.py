@@ -173,6 +173,9 @@ class RunResult:
     reasons: dict[str, int] = field(default_factory=dict)
     """The balancer's reasons (x-gateway-balancer's second word: sticky, spill, hash...), counted."""
     gateways: int = 1
+    gateway_cpu_ms: float | None = None
+    """CPU time of the gateways' event-loop threads per request (ms): routing, the match's
+    /tokenize round trip and the KV events' decoding included."""
 
     def ttft(self, q: float) -> float | None:
         if not self.ttft_s:
@@ -226,6 +229,13 @@ class InFlightSampler:
 
     def peaks(self, names: Sequence[str]) -> dict[str, int]:
         return {n: self._peaks[n] for n in names}
+
+
+def cpu_seconds(tid: int, pid: int | str = "self") -> float:
+    """utime + stime of a thread (/proc/PID/task/TID) or, with tid 0, of a process (/proc/PID)."""
+    path = f"/proc/{pid}/task/{tid}/stat" if tid else f"/proc/{pid}/stat"
+    fields = Path(path).read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def prefix_counters(metrics_urls: Sequence[str]) -> tuple[float, float]:
@@ -429,7 +439,10 @@ def run_gateway_policy(
             return {n: sum(reg.by_name[n].in_flight for reg in registries) for n in names}
 
         urls = [gw.base_url + "/v1" for gw in started]
+        threads = [gw.native_id for gw in started]
+        cpu0 = sum(cpu_seconds(t) for t in threads)
         r = drive(balancer, urls, [s.metrics_url for s in pair], w, concurrency, probe, names)
+        r.gateway_cpu_ms = (sum(cpu_seconds(t) for t in threads) - cpu0) * 1000 / max(r.requests, 1)
         r.per_backend = {n: r.per_backend.get(n, 0) for n in names}  # a replica that got nothing shows 0
         r.conversations_per_backend = {n: r.conversations_per_backend.get(n, 0) for n in names}
         return r
@@ -478,8 +491,8 @@ def table(results: dict[tuple[str, int], RunResult]) -> str:
     rows = [
         "| policy | concurrency | hit rate | ratio to oracle | max/mean in-flight | peak in-flight "
         "| TTFT p50 s | TTFT p90 s | requests per replica | max/mean requests | balancer reasons "
-        "| turns that changed replica | seconds |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| turns that changed replica | gateway CPU ms/request | seconds |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for (label, conc), r in results.items():
         peaks = " / ".join(str(v) for v in r.peak_in_flight.values()) or "-"
@@ -490,7 +503,7 @@ def table(results: dict[tuple[str, int], RunResult]) -> str:
         rows.append(
             f"| {name} | {conc} | {r.hit_rate:.3f} | {_fmt(_ratio(results, label, conc), '.2f')} "
             f"| {_fmt(r.imbalance, '.2f')} | {peaks} | {_fmt(r.ttft(0.5), '.3f')} | {_fmt(r.ttft(0.9), '.3f')} "
-            f"| {per} | {share} | {reasons} | {r.switches} | {r.seconds:.1f} |"
+            f"| {per} | {share} | {reasons} | {r.switches} | {_fmt(r.gateway_cpu_ms, '.2f')} | {r.seconds:.1f} |"
         )
     return "\n".join(rows)
 
@@ -592,6 +605,32 @@ def distinct_zipf_tokens(w: Workload, base_url: str) -> tuple[int, int]:
     return total - (len(longest) - 1) * shared, len(longest)
 
 
+def tokenize_cost(server: Any, w: Workload, calls: int = 100) -> dict[str, float]:
+    """What the kv_events match's /tokenize costs on an idle replica, sequentially, for this
+    workload's prompts: the round trip as a client sees it (p50, p90) and the engine's API-server
+    process CPU per call."""
+    if w.skew == "zipf":
+        prompts = [scripted_turn(w, c, t) for c, t in zipf_schedule(w)]
+    else:
+        prompts = [opening(w, c) for c in range(w.conversations)]
+    times: list[float] = []
+    with httpx.Client(timeout=30) as client:
+        cpu0 = cpu_seconds(0, server.process.pid)
+        for i in range(calls):
+            body = {"model": MODEL, "messages": prompts[i % len(prompts)]}
+            start = time.perf_counter()
+            client.post(f"{server.base_url}/tokenize", json=body).raise_for_status()
+            times.append(time.perf_counter() - start)
+        cpu = cpu_seconds(0, server.process.pid) - cpu0
+    times.sort()
+    return {
+        "calls": calls,
+        "round_trip_p50_ms": times[len(times) // 2] * 1000,
+        "round_trip_p90_ms": times[int(0.9 * len(times))] * 1000,
+        "engine_cpu_ms_per_call": cpu * 1000 / calls,
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--conversations", type=int, default=Workload.conversations)
@@ -688,6 +727,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             flush=True,
         )
         zipf_distinct = distinct_zipf_tokens(w, pair[0].base_url) if w.skew == "zipf" else None
+        match = tokenize_cost(pair[0], w) if "kv_events" in gateway_policies else None
+        if match is not None:
+            print(
+                f"the match's POST /tokenize on an idle replica, {match['calls']} calls: round trip p50 "
+                f"{match['round_trip_p50_ms']:.1f} ms, p90 {match['round_trip_p90_ms']:.1f} ms; "
+                f"the engine's API server {match['engine_cpu_ms_per_call']:.2f} ms CPU a call",
+                flush=True,
+            )
         for conc in levels:
             for policy in gateway_policies:
                 balancer, _, eps = policy.partition("@")  # prefix_affinity@1.0: with affinity_epsilon 1.0
@@ -732,7 +779,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.json.write_text(json.dumps(table_rows, indent=2))
     figures = {
         f"{row['policy']}@{row['concurrency']}": {
-            k: row[k] for k in ("hit_rate", "ratio_to_oracle", "max_mean_inflight", "ttft_p50_s", "ttft_p90_s")
+            k: row[k]
+            for k in ("hit_rate", "ratio_to_oracle", "max_mean_inflight", "ttft_p50_s", "ttft_p90_s", "gateway_cpu_ms")
         }
         for row in table_rows
     }
@@ -746,6 +794,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "kv_tokens": args.kv_tokens,
             "distinct_prefix_tokens": distinct,
             "rows": table_rows,
+            "tokenize_cost": match,
             "verdicts": [{"check": text, "ok": ok} for text, ok in verdicts],
         },
     )
