@@ -177,6 +177,14 @@ class RunResult:
     """CPU time of the gateways' event-loop threads per request (ms): routing, the match's
     /tokenize round trip and the KV events' decoding included."""
 
+    forgone_blocks: int = 0
+    """kv_events: blocks the longest holder had beyond the chosen backend, summed over the requests
+    (x-gateway-balancer's `blocks`): the hits a spill gave up at decision time."""
+    predicted_cached: float | None = None
+    served_cached: float | None = None
+    """kv_events: the prompt tokens the gateways' indexes predicted cached on the backend they chose,
+    and what the engines reported serving from cache for the same requests (gateway metrics)."""
+
     def ttft(self, q: float) -> float | None:
         if not self.ttft_s:
             return None
@@ -252,6 +260,16 @@ class Reply:
     text: str = ""
 
 
+def forgone(explanation: str, backend: str) -> int:
+    """From `kv_events REASON PICK; blocks r0:3,r1:0 of 5; load ...`: the longest holder's blocks
+    less the chosen backend's (0 when the header says nothing)."""
+    _, found, rest = explanation.partition("; blocks ")
+    if not found:
+        return 0
+    matched = dict(part.split(":") for part in rest.split(" of ")[0].split(","))
+    return max(int(v) for v in matched.values()) - int(matched.get(backend, 0))
+
+
 def send(client: httpx.Client, url: str, body: dict[str, Any]) -> Reply:
     """POST a streamed chat request; the time to its first chunk (the first token), its text, its usage."""
     streamed = {**body, "stream": True, "stream_options": {"include_usage": True}}
@@ -311,10 +329,12 @@ def drive(
             result.usage_cached += (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
             if r.ttft_s is not None:
                 result.ttft_s.append(r.ttft_s)
-            why = r.headers.get("x-gateway-balancer", "").split(" ")
+            explanation = r.headers.get("x-gateway-balancer", "")
+            why = explanation.split(" ")
             if len(why) > 1:
                 result.reasons[why[1]] = result.reasons.get(why[1], 0) + 1
             backend = r.headers.get("x-gateway-backend", "direct")
+            result.forgone_blocks += forgone(explanation, backend)
             result.per_backend[backend] = result.per_backend.get(backend, 0) + 1
             if conv in last_backend and last_backend[conv] != backend:
                 result.switches += 1
@@ -443,6 +463,9 @@ def run_gateway_policy(
         cpu0 = sum(cpu_seconds(t) for t in threads)
         r = drive(balancer, urls, [s.metrics_url for s in pair], w, concurrency, probe, names)
         r.gateway_cpu_ms = (sum(cpu_seconds(t) for t in threads) - cpu0) * 1000 / max(r.requests, 1)
+        if balancer == "kv_events":
+            r.predicted_cached = sum(gw.metric("gateway_kv_events_predicted_cached_tokens_total") for gw in started)
+            r.served_cached = sum(gw.metric("gateway_kv_events_served_cached_tokens_total") for gw in started)
         r.per_backend = {n: r.per_backend.get(n, 0) for n in names}  # a replica that got nothing shows 0
         r.conversations_per_backend = {n: r.conversations_per_backend.get(n, 0) for n in names}
         return r
@@ -491,8 +514,8 @@ def table(results: dict[tuple[str, int], RunResult]) -> str:
     rows = [
         "| policy | concurrency | hit rate | ratio to oracle | max/mean in-flight | peak in-flight "
         "| TTFT p50 s | TTFT p90 s | requests per replica | max/mean requests | balancer reasons "
-        "| turns that changed replica | gateway CPU ms/request | seconds |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| turns that changed replica | predicted / served cached tokens | gateway CPU ms/request | seconds |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for (label, conc), r in results.items():
         peaks = " / ".join(str(v) for v in r.peak_in_flight.values()) or "-"
@@ -500,10 +523,14 @@ def table(results: dict[tuple[str, int], RunResult]) -> str:
         share = f"{max(r.per_backend.values()) * 2 / r.requests:.2f}" if label != ORACLE and r.requests else "-"
         reasons = ", ".join(f"{k} {v}" for k, v in sorted(r.reasons.items())) or "-"
         name = "oracle (1 replica, 2x KV)" if label == ORACLE else label
+        predicted = "-"
+        if r.predicted_cached is not None and r.served_cached is not None:
+            predicted = f"{r.predicted_cached:.0f} / {r.served_cached:.0f} ({r.forgone_blocks} blocks forgone)"
         rows.append(
             f"| {name} | {conc} | {r.hit_rate:.3f} | {_fmt(_ratio(results, label, conc), '.2f')} "
             f"| {_fmt(r.imbalance, '.2f')} | {peaks} | {_fmt(r.ttft(0.5), '.3f')} | {_fmt(r.ttft(0.9), '.3f')} "
-            f"| {per} | {share} | {reasons} | {r.switches} | {_fmt(r.gateway_cpu_ms, '.2f')} | {r.seconds:.1f} |"
+            f"| {per} | {share} | {reasons} | {r.switches} | {predicted} | {_fmt(r.gateway_cpu_ms, '.2f')} "
+            f"| {r.seconds:.1f} |"
         )
     return "\n".join(rows)
 
