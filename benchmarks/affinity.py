@@ -404,7 +404,7 @@ def gateway_config(
             }
     pool: dict[str, Any] = {"engine": "vllm", "balancer": balancer, "backends": entries}
     if epsilon is not None:
-        pool["affinity_epsilon"] = epsilon
+        pool["kv_epsilon" if balancer == "kv_events" else "affinity_epsilon"] = epsilon
     return {
         "health": {"interval_s": 2, "scrape_interval_s": 1},
         "pools": {"vllm": pool},
@@ -675,9 +675,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--policies",
         default="prefix_affinity,round_robin,oracle",
         help="comma-separated (round_robin, prefix_affinity, kv_events, oracle, any balancer); "
-        "`prefix_affinity@1.0` runs it with affinity_epsilon 1.0",
+        "`prefix_affinity@1.0` runs it with affinity_epsilon 1.0, `kv_events@1.0` with kv_epsilon 1.0",
     )
-    p.add_argument("--epsilon", type=float, help="the pool's affinity_epsilon (default: the config default)")
+    p.add_argument(
+        "--epsilon", type=float, help="the pool's affinity_epsilon or kv_epsilon (default: the config default)"
+    )
     p.add_argument("--gateways", type=int, default=1, help="gateway replicas over the same engines")
     p.add_argument("--skew", choices=("none", "zipf"), default="none", help="how requests pick a conversation")
     p.add_argument("--zipf-s", type=float, default=Workload.zipf_s, help="zipf: the exponent")
