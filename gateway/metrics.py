@@ -261,6 +261,7 @@ class GatewayMetrics:
                 self.upstream_errors,
             ),
             *(self.client_disconnects, self.wasted_tokens, self.backend_up, self.backend_model),
+            *(self.kv_predicted_tokens, self.kv_served_tokens, self.kv_predictions),
             *(self.backend_load, self.scrape_age, self.rate_limited, self.limiter_up, self.limiter_errors),
             *(self.class_queue_wait, self.shed, self.budget_used),
         ]

@@ -97,7 +97,6 @@ class Accounting:
                 f"duration={duration:.4f} ttft={ttft} out_tokens={completion or 0}",
             )
 
-
     def _prediction(self, ex: Exchange, predicted: int, usage: dict[str, Any]) -> None:
         """The KV-event index's prediction against the prefix-cache hit the engine reports (its
         usage's prompt_tokens_details.cached_tokens; vLLM gives it with --enable-prompt-tokens-details).

@@ -43,6 +43,9 @@ def test_predicted_and_served_tokens_are_counted_per_backend_with_a_verdict() ->
     assert get("gateway_kv_events_predicted_cached_tokens_total", r1) == 0
     assert get("gateway_kv_events_served_cached_tokens_total", r1) == 128
     assert get("gateway_kv_events_predictions_total", {**r1, "verdict": "under"}) == 1
+    page = m.exposition().decode()  # what /metrics serves, not only the registry
+    assert 'gateway_kv_events_predicted_cached_tokens_total{backend="r0",pool="p"} 640.0' in page
+    assert 'gateway_kv_events_served_cached_tokens_total{backend="r1",pool="p"} 128.0' in page
 
 
 def test_no_prediction_or_no_reported_hit_is_not_compared() -> None:
