@@ -198,6 +198,10 @@ class RunResult:
     (x-gateway-balancer's `blocks`): the hits a spill gave up at decision time."""
     predicted_cached: float | None = None
     served_cached: float | None = None
+    tokenize_p50_s: float | None = None
+    tokenize_p90_s: float | None = None
+    """A /tokenize round trip to the replicas (what the kv_events match makes before routing),
+    sampled every 0.1 s during the run, whatever the policy."""
     """kv_events: the prompt tokens the gateways' indexes predicted cached on the backend they chose,
     and what the engines reported serving from cache for the same requests (gateway metrics)."""
 
@@ -260,6 +264,42 @@ def cpu_seconds(tid: int, pid: int | str = "self") -> float:
     path = f"/proc/{pid}/task/{tid}/stat" if tid else f"/proc/{pid}/stat"
     fields = Path(path).read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class TokenizeProbe:
+    """Times a POST /tokenize (the kv_events match's call) to each replica in turn every `interval` s
+    while a run goes: what the match's round trip costs under that run's load."""
+
+    def __init__(self, base_urls: Sequence[str], messages: list[dict[str, str]], interval: float = 0.1) -> None:
+        self._urls = base_urls
+        self._body = {"model": MODEL, "messages": messages}
+        self._interval = interval
+        self._stop = threading.Event()
+        self.times: list[float] = []
+        self._thread = threading.Thread(target=self._run, name="tokenize-probe", daemon=True)
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=30) as client:
+            n = 0
+            while not self._stop.is_set():
+                start = time.perf_counter()
+                r = client.post(f"{self._urls[n % len(self._urls)]}/tokenize", json=self._body)
+                if r.status_code == 200:
+                    self.times.append(time.perf_counter() - start)
+                n += 1
+                self._stop.wait(self._interval)
+
+    def __enter__(self) -> TokenizeProbe:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=35)
+
+    def quantile(self, q: float) -> float | None:
+        ordered = sorted(self.times)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else None
 
 
 def prefix_counters(metrics_urls: Sequence[str]) -> tuple[float, float]:
@@ -477,7 +517,9 @@ def run_gateway_policy(
         urls = [gw.base_url + "/v1" for gw in started]
         threads = [gw.native_id for gw in started]
         cpu0 = sum(cpu_seconds(t) for t in threads)
-        r = drive(balancer, urls, [s.metrics_url for s in pair], w, concurrency, probe, names)
+        with TokenizeProbe([s.base_url for s in pair], opening(w, 0)) as tokenize:
+            r = drive(balancer, urls, [s.metrics_url for s in pair], w, concurrency, probe, names)
+        r.tokenize_p50_s, r.tokenize_p90_s = tokenize.quantile(0.5), tokenize.quantile(0.9)
         r.gateway_cpu_ms = (sum(cpu_seconds(t) for t in threads) - cpu0) * 1000 / max(r.requests, 1)
         if balancer == "kv_events":
             r.predicted_cached = sum(gw.metric("gateway_kv_events_predicted_cached_tokens_total") for gw in started)
@@ -530,8 +572,9 @@ def table(results: dict[tuple[str, int], RunResult]) -> str:
     rows = [
         "| policy | concurrency | hit rate | ratio to oracle | max/mean in-flight | peak in-flight "
         "| TTFT p50 s | TTFT p90 s | requests per replica | max/mean requests | balancer reasons "
-        "| turns that changed replica | predicted / served cached tokens | gateway CPU ms/request | seconds |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| turns that changed replica | predicted / served cached tokens | gateway CPU ms/request "
+        "| /tokenize under load p50 / p90 ms | seconds |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for (label, conc), r in results.items():
         peaks = " / ".join(str(v) for v in r.peak_in_flight.values()) or "-"
@@ -542,11 +585,14 @@ def table(results: dict[tuple[str, int], RunResult]) -> str:
         predicted = "-"
         if r.predicted_cached is not None and r.served_cached is not None:
             predicted = f"{r.predicted_cached:.0f} / {r.served_cached:.0f} ({r.forgone_blocks} blocks forgone)"
+        tokenize = "-"
+        if r.tokenize_p50_s is not None and r.tokenize_p90_s is not None:
+            tokenize = f"{r.tokenize_p50_s * 1000:.1f} / {r.tokenize_p90_s * 1000:.1f}"
         rows.append(
             f"| {name} | {conc} | {r.hit_rate:.3f} | {_fmt(_ratio(results, label, conc), '.2f')} "
             f"| {_fmt(r.imbalance, '.2f')} | {peaks} | {_fmt(r.ttft(0.5), '.3f')} | {_fmt(r.ttft(0.9), '.3f')} "
             f"| {per} | {share} | {reasons} | {r.switches} | {predicted} | {_fmt(r.gateway_cpu_ms, '.2f')} "
-            f"| {r.seconds:.1f} |"
+            f"| {tokenize} | {r.seconds:.1f} |"
         )
     return "\n".join(rows)
 
