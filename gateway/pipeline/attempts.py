@@ -70,7 +70,8 @@ class Attempts:
                 took_retry = True
                 self._metrics.retries.labels(ex.route, ex.pool).inc()
             ex.backend, ex.backend_name = backend, backend.name
-            cached = plan.key.cached if plan.key is not None else None
+            key = dispatch.plan.key
+            cached = key.cached if key is not None else None
             ex.predicted_cached = cached.tokens(backend.name) if cached is not None else None
             gauge = self._accounting.in_flight(ex, backend)
             self._capacity.acquire(backend)
