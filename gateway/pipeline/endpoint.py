@@ -142,6 +142,8 @@ class CompletionEndpoint:
         ticket: Ticket | None = None
         held: BudgetHold | None = None
         queued = False
+        outcome: Outcome | None = None
+        """What ended the request, decided below and recorded once, in `finally`."""
         decided: Plan | None = None
         """A kv_events plan whose decision still counts as pending load on its backend."""
         try:
@@ -203,14 +205,14 @@ class CompletionEndpoint:
                 decided = None
             upstream = upstream_headers(headers, ex.request_id)
             dispatch = Dispatch(request, plan, candidates, edits, upstream, send, ending)
-            ex.outcome = await self._attempts.run(dispatch, ex)
+            outcome = await self._attempts.run(dispatch, ex)
         except GatewayError as err:
-            ex.outcome = _outcome_for(err)
+            outcome = _outcome_for(err)
             if not ex.response_started:
                 await _send_error(send, protocol, err, ex)
         except Exception:  # a bug: still one error body and one outcome, never a bare traceback
             log.exception("request %s failed", ex.request_id)
-            ex.outcome = "internal_error"
+            outcome = "internal_error"
             if not ex.response_started:
                 bug = GatewayError("The gateway failed on this request.", code="internal_error")
                 await _send_error(send, protocol, bug, ex)
@@ -218,23 +220,24 @@ class CompletionEndpoint:
             # The one place that tells why a request was cancelled, and the only uncancel().
             if ending.reason == "client_left":
                 task.uncancel()
-                ex.outcome = "client_closed"
+                outcome = "client_closed"
             elif ending.reason == "idle_limit":
                 task.uncancel()
                 cut = StreamCut("timeout_idle", f"Backend {ex.backend_name} stalled mid-stream.")
                 try:
-                    ex.outcome = await self._relay.cut(ex, send, protocol, cut)
+                    outcome = await self._relay.cut(ex, send, protocol, cut)
                 except GatewayError as err:  # stalled before the client got its headers
-                    ex.outcome = _outcome_for(err)
+                    outcome = _outcome_for(err)
                     await _send_error(send, protocol, err, ex)
             elif self._lifecycle.draining:
                 # The drain deadline passed with this request still running: tell the client, once.
                 task.uncancel()
-                ex.outcome = "overloaded"
+                outcome = "overloaded"
                 await _send_shutdown(send, protocol, ex)
             else:
                 raise
         finally:
+            ex.outcome = outcome  # the only write: accounting and the access log read it
             if decided is not None:
                 self._router.started(decided)
             ending.finished = True
