@@ -199,7 +199,7 @@ def main() -> int:
     }
     note = f"{build} build of {tree}{traced}"  # the record names its commit itself
     key = build.lower() if a.trace is None else f"{build.lower()}-trace-{a.trace}"
-    record.write_if_asked(a, "overhead-instructions", {key: measured}, notes=note)
+    record.write_if_asked(a, "overhead-instructions", {key: measured}, notes=note, tree=a.tree)
     return 0
 
 
