@@ -55,6 +55,7 @@ _ITL_BUCKETS = (0.0005, *log_buckets(0.001, 1.0, FINE_PER_DECADE), 2.0, 5.0)
 _DURATION_BUCKETS = (0.005, 0.01, *log_buckets(0.02, 300.0, FINE_PER_DECADE), 600.0, 1200.0)
 _TPS_BUCKETS = (0.25, 0.5, *log_buckets(1.0, 1000.0, FINE_PER_DECADE), 2000.0, 5000.0)
 _OVERHEAD_BUCKETS = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1)
+_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 _QUEUE_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 _REQ = ("route", "pool", "backend")
@@ -248,6 +249,13 @@ class GatewayMetrics:
         self.limiter_errors = LeanCounter(
             "gateway_limiter_errors", "Calls to the rate-limit counter store that failed.", ("store",), registry=r
         )
+        self.loop_lag = LeanHistogram(
+            "gateway_event_loop_lag_seconds",
+            "How late the gateway's event loop ran a timer due every 100 ms: the wait that every request"
+            " on this process saw at that moment, before any of its own work.",
+            buckets=_LAG_BUCKETS,
+            registry=r,
+        )
         # The same metrics for exposition(): the coarse ones in a registry of their own.
         made = [
             *(self.ttft, self.itl, self.duration, self.request_tps),
@@ -263,7 +271,7 @@ class GatewayMetrics:
             *(self.client_disconnects, self.wasted_tokens, self.backend_up, self.backend_model),
             *(self.kv_predicted_tokens, self.kv_served_tokens, self.kv_predictions),
             *(self.backend_load, self.scrape_age, self.rate_limited, self.limiter_up, self.limiter_errors),
-            *(self.class_queue_wait, self.shed, self.budget_used),
+            *(self.class_queue_wait, self.shed, self.budget_used, self.loop_lag),
         ]
         self._fine = [m for m in made if isinstance(m, FineHistogram)]
         self._coarse = CollectorRegistry(auto_describe=True)

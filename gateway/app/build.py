@@ -18,6 +18,7 @@ from starlette.routing import Route
 from gateway.access.gate import AccessGate, CounterStore
 from gateway.access.keys import KeyRing
 from gateway.access.memory_store import MemoryStore
+from gateway.app.loop_lag import LoopLag
 from gateway.app.routes import Endpoints, http_exception
 from gateway.asgi import Receive, Scope, Send
 from gateway.config import GatewayConfig
@@ -297,6 +298,7 @@ class GatewayApp:
             build(config, platform, self._metrics, self._lifecycle, self._memory, tracing=self._tracing)
         )
         self._retiring: set[asyncio.Task[None]] = set()
+        self._loop_lag = LoopLag(self._metrics.loop_lag)  # the process's loop, kept across reloads
 
     @property
     def app(self) -> Starlette:
@@ -336,8 +338,10 @@ class GatewayApp:
                     log.exception("start-up failed")
                     await send({"type": "lifespan.startup.failed", "message": str(exc)})
                     return
+                self._loop_lag.start(asyncio.get_running_loop())
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
+                self._loop_lag.stop()
                 await asyncio.gather(*self._retiring, return_exceptions=True)
                 await _stop(self._served)
                 await asyncio.to_thread(self._tracing.shutdown)  # the last spans, exported
