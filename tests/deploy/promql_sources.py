@@ -78,6 +78,10 @@ EXPECTED_METRICS: Mapping[str, MetricSpec] = {
     "gateway_shed_requests": MetricSpec("counter", frozenset({"pool", "priority", "reason"})),
     "gateway_limiter_backend_up": MetricSpec("gauge", frozenset({"store"})),
     "gateway_limiter_errors": MetricSpec("counter", frozenset({"store"})),
+    "gateway_kv_events_predicted_cached_tokens": MetricSpec("counter", frozenset({"pool", "backend"})),
+    "gateway_kv_events_served_cached_tokens": MetricSpec("counter", frozenset({"pool", "backend"})),
+    "gateway_kv_events_predictions": MetricSpec("counter", frozenset({"pool", "backend", "verdict"})),
+    "gateway_event_loop_lag_seconds": MetricSpec("histogram", frozenset()),
 }
 
 # Series Prometheus makes itself for every target; the alerts may use them.
