@@ -1,0 +1,257 @@
+"""The routing decision of one request, for a data plane that moves the bytes itself: the same steps,
+in the same order, as the HTTP endpoint (gateway/pipeline/endpoint.py) up to the attempt: the key,
+the body through the protocol adapter, the route, the key's allowlist and limits, the plan (rules
+and balancer), admission, the cap, the encoded body. What comes back is where to send it (Pick),
+never the bytes' relay; the answer's observation ends it (Picker.finish)."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+from gateway.access.gate import BudgetHold
+from gateway.access.keys import ClientKey
+from gateway.app.build import Gateway
+from gateway.errors import (
+    GatewayError,
+    InvalidRequest,
+    ModelNotFound,
+    NoHealthyBackend,
+    NotFound,
+    Overloaded,
+    PayloadTooLarge,
+)
+from gateway.fleet.registry import Backend
+from gateway.pipeline.accounting import prompt_tokens
+from gateway.pipeline.enforcer import NO_PROMPT, PromptCount
+from gateway.pipeline.exchange import Exchange, Outcome
+from gateway.pipeline.router import Plan
+from gateway.protocols.base import Inbound, ProtocolAdapter, SseObserver, Target
+from gateway.protocols.catalog import ENDPOINTS, REASONING_COPY
+
+CREDENTIALS = ("authorization", "x-api-key", "api-key")
+"""The client's key headers: the gateway's own keys, never sent to an engine (as `gateway serve`)."""
+
+
+@dataclass(eq=False)
+class Pick:
+    """Where one request goes, what it carries there, and the record its answer fills in."""
+
+    ex: Exchange
+    protocol: ProtocolAdapter
+    inbound: Inbound
+    plan: Plan
+    backend: Backend
+    target: Target
+    address: str
+    """ip:port of the backend: the x-gateway-destination-endpoint value."""
+    body: bytes | None
+    """The body to send, or None: the client's bytes as they are."""
+    path: str | None
+    """The upstream path when it is not the client's (an engine's own name for the endpoint)."""
+    set_headers: dict[str, str]
+    remove_headers: tuple[str, ...]
+    client: ClientKey | None
+    held: BudgetHold | None
+    count: PromptCount
+    observer: SseObserver | None = None
+    answer: list[bytes] = field(default_factory=list)
+    """A non-stream answer's bytes, for its usage."""
+    answered: bool = False
+    """The backend's response headers came (its status in ex.status)."""
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """An answer the data plane sends itself, in the client's protocol: status, headers, JSON body."""
+
+    status: int
+    body: bytes
+    headers: tuple[tuple[str, str], ...]
+
+
+class Picker:
+    def __init__(self, gw: Gateway) -> None:
+        self._gw = gw
+        self._by_path = {p.path: p for p in ENDPOINTS}
+        self._copy_routes = frozenset(r.label for r in gw.config.routes if r.reasoning_content == "copy")
+        """The routes that get REASONING_COPY's adapter instead of their endpoint's."""
+        self._addresses: dict[str, str] = {}
+
+    @property
+    def gateway(self) -> Gateway:
+        return self._gw
+
+    def protocol(self, path: str) -> ProtocolAdapter | None:
+        """The adapter for a request path (the query string aside); None: not a path the gateway serves."""
+        return self._by_path.get(path.split("?", 1)[0])
+
+    def refusal(self, protocol: ProtocolAdapter | None, err: GatewayError) -> Refusal:
+        protocol = protocol or self._by_path["/v1/chat/completions"]
+        headers = (("content-type", "application/json"), *err.headers().items())
+        return Refusal(protocol.error_status(err), protocol.error_body(err), headers)
+
+    async def pick(self, path: str, headers: Mapping[str, str], raw: bytes) -> Pick:
+        """The plan for one request; raises GatewayError (the caller answers it with refusal()),
+        counted as `gateway serve` counts a refusal."""
+        protocol = self.protocol(path)
+        if protocol is None:
+            raise NotFound(f"The gateway does not route {path.split('?', 1)[0][:64]}.", code="unknown_path")
+        ex = Exchange(request_id=headers.get("x-request-id", "")[:128] or "-", api=protocol.api, path=protocol.path)
+        try:
+            return await self._pick(ex, protocol, headers, raw)
+        except GatewayError as err:
+            ex.status = protocol.error_status(err)
+            ex.outcome = "overloaded" if isinstance(err, Overloaded | NoHealthyBackend) else "rejected_4xx"
+            if ex.status >= 500 and ex.outcome != "overloaded":
+                ex.outcome = "upstream_error_before_first_byte"
+            self._gw.accounting.finish(ex)
+            raise
+
+    async def _pick(self, ex: Exchange, protocol: ProtocolAdapter, headers: Mapping[str, str], raw: bytes) -> Pick:
+        gw = self._gw
+        client = gw.access.authenticate(headers.get("authorization"), headers.get("x-api-key"))
+        limit = gw.config.limits.max_body_bytes
+        if len(raw) > limit:
+            raise PayloadTooLarge(f"The request body is larger than the {limit}-byte limit.")
+        inbound = protocol.parse(raw, gw.config.limits)
+        resolved = gw.router.resolve(inbound.model)
+        if resolved is None:
+            name = inbound.model if len(inbound.model) <= 64 else inbound.model[:64] + "..."
+            raise ModelNotFound(f"The model '{name}' does not exist on this gateway.", param="model")
+        route = resolved.route
+        ex.route, ex.model, ex.stream = route.label, inbound.model, inbound.stream
+        if route.label in self._copy_routes:
+            variant = REASONING_COPY.get(protocol.api)
+            protocol = variant if variant is not None and variant.path == protocol.path else protocol
+        await gw.access.admit(client, inbound.model)
+        view = protocol.estimate_view(inbound)
+        estimate = gw.caps.routing_estimate(route, inbound, view)
+        if inbound.pin is not None:
+            raise InvalidRequest(
+                "previous_response_id needs the backend that stored the response: use `gateway serve`.",
+                param="previous_response_id",
+            )
+        ids = None
+        if gw.tokens is not None and gw.tokens.wanted(route):
+            ids = await gw.tokens.ids(route, resolved.name, view)
+        plan = gw.router.plan(route, inbound, view, dict(headers), estimate, resolved.name, ids)
+        try:
+            ex.pool, ex.rule = plan.pool, plan.rule
+            ticket = gw.admission.ticket(client, route, headers, estimate, inbound.max_tokens)
+            held = await gw.access.hold(client, estimate, gw.admission.output_tokens(inbound.max_tokens))
+            backends, plan, _ = await gw.admission.admit(plan, route.label, ticket)
+            backend = backends[0]
+            model = gw.router.upstream_model(plan, backend, route.upstream_model, inbound.model)
+            cap_edits, count = await gw.caps.apply(route, inbound, view, backend, model or inbound.model)
+        finally:
+            gw.router.started(plan)
+        target = protocol.target(inbound, backend.engine)
+        if not target.native:
+            # The data plane relays the answer's bytes as they are: a translated protocol would need
+            # its answer rewritten too, which only `gateway serve` does.
+            raise InvalidRequest(
+                f"The {backend.engine} engine does not serve {protocol.path} itself; "
+                "the gateway translates it only under `gateway serve`.",
+                code="translation_unavailable",
+            )
+        base = protocol.base_edits(inbound)
+        edits = base.then(cap_edits)
+        ex.headers.extend(edits.headers)
+        body = protocol.encode(inbound, edits, model, target)
+        ex.estimator_key, ex.prompt_chars, ex.prompt_messages = count.key, count.chars, count.messages
+        ex.prompt_estimate, ex.prompt_exact = count.estimate, count.exact
+        ex.backend, ex.backend_name = backend, backend.name
+        ex.served_model = model if model is not None and model != inbound.model else None
+        address = await self._address(backend)
+        set_headers = {"x-gateway-destination-endpoint": address, **backend.auth_headers()}
+        pick = Pick(
+            ex=ex,
+            protocol=protocol,
+            inbound=inbound,
+            plan=plan,
+            backend=backend,
+            target=target,
+            address=address,
+            body=None if body is inbound.raw else body,
+            path=target.path if target.path != protocol.path else None,
+            set_headers=set_headers,
+            remove_headers=tuple(h for h in CREDENTIALS if h not in set_headers),
+            client=client,
+            held=held,
+            count=count,
+        )
+        if inbound.stream:
+            pick.observer = ex.observer = protocol.observer(inbound, edits, target)
+            pick.observer.limit_events(gw.config.limits.max_event_bytes)
+        gw.capacity.acquire(backend)  # until finish(): the balancers see this request's load
+        gw.accounting.sent(ex)
+        return pick
+
+    async def _address(self, backend: Backend) -> str:
+        """ip:port for the backend's URL: Envoy's ORIGINAL_DST cluster takes an address, not a name."""
+        known = self._addresses.get(backend.url)
+        if known is not None:
+            return known
+        url = urlsplit(backend.url)
+        host = url.hostname or "127.0.0.1"
+        port = url.port or (443 if url.scheme == "https" else 80)
+        try:
+            ip = ipaddress.ip_address(host)
+        except ValueError:
+            infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=0, proto=6)
+            ip = ipaddress.ip_address(infos[0][4][0])
+        address = f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
+        self._addresses[backend.url] = address
+        return address
+
+    def answered(self, pick: Pick, status: int) -> None:
+        """The backend's response headers: its first byte, for the balancers' memory."""
+        pick.answered = True
+        pick.ex.status = status
+        pick.ex.response_started = True
+        if status == 200:
+            self._gw.router.learn(pick.plan, pick.backend.name)
+
+    def answer_chunk(self, pick: Pick, chunk: bytes) -> bytes:
+        """One chunk of the answer on its way to the client: observed (first token, gaps, usage);
+        returns the bytes to pass on (a stream's usage event the client did not ask for is dropped)."""
+        if pick.observer is not None and pick.ex.status == 200:
+            return pick.observer.feed(chunk, time.perf_counter())
+        pick.answer.append(chunk)
+        return chunk
+
+    def answer_end(self, pick: Pick) -> bytes:
+        """The answer's end: what the observer still held."""
+        if pick.observer is not None and pick.ex.status == 200:
+            return pick.observer.flush()
+        return b""
+
+    def finish(self, pick: Pick, outcome: Outcome) -> None:
+        """The request ended: release its load, record its metrics and access-log line, and let the
+        key's budget and the estimator learn from the engine's usage."""
+        gw = self._gw
+        ex = pick.ex
+        gw.capacity.release(pick.backend)
+        if outcome == "success" and pick.observer is None and pick.answer:
+            ex.usage = _usage(pick.protocol, b"".join(pick.answer))
+        ex.outcome = outcome
+        gw.accounting.finish(ex)
+        usage = ex.reported_usage()
+        gw.access.account(pick.client, usage, ex.prompt_estimate, ex.streamed_tokens, pick.held)
+        if outcome == "success" and usage is not None and pick.count is not NO_PROMPT:
+            gw.caps.learn(pick.count, prompt_tokens(usage))
+
+
+def _usage(protocol: ProtocolAdapter, raw: bytes) -> dict[str, Any] | None:
+    try:
+        parsed = json.loads(raw)
+    except ValueError:
+        return None
+    return protocol.usage(parsed) if isinstance(parsed, dict) else None
