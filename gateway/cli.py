@@ -78,8 +78,10 @@ def cmd_epp(args: argparse.Namespace) -> int:
         return 1
     try:
         from gateway.epp.server import EppListenError, run_epp
-    except ImportError as exc:
-        print(f"gateway: {exc.name or 'grpc'} is missing: pip install 'llm-gateway[epp]'", file=sys.stderr)
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] not in ("grpc", "google"):
+            raise
+        print(f"gateway: {exc.name} is missing: pip install 'llm-gateway[epp]'", file=sys.stderr)
         return 1
     configure_logging(args.log_level)
     try:

@@ -118,12 +118,12 @@ class ExternalProcessor:
         metadata = struct_pb2.Struct()
         metadata.update({LB_NAMESPACE: {DESTINATION: pick.address}})
         if state.duplex:
-            # Headers first (the destination, no content-length: Envoy streams the new body), then
-            # the whole body as one streamed chunk that ends the request.
+            # Headers first (the destination, and the length of the body that follows: the whole
+            # body is known, so the engine need not take a chunked one), then that body as one
+            # streamed chunk that ends the request.
+            set_headers["content-length"] = str(len(body))
             headers = ep.HeadersResponse(
-                response=ep.CommonResponse(
-                    header_mutation=_mutation(set_headers, (*pick.remove_headers, "content-length"))
-                )
+                response=ep.CommonResponse(header_mutation=_mutation(set_headers, pick.remove_headers))
             )
             streamed = ep.StreamedBodyResponse(body=body, end_of_stream=True)
             body_reply = ep.BodyResponse(

@@ -71,7 +71,15 @@ async def run_epp(config: GatewayConfig, host: str, port: int, metrics_port: int
     """Serve until SIGINT or SIGTERM; then stop taking streams, give the open ones GRACE_S, and stop."""
     gw = build(config)
     tasks = await start_gateway(gw)
-    server = grpc.aio.server()
+    # A buffered body comes in one message: room for the largest body the gateway takes.
+    size = config.limits.max_body_bytes + (1 << 16)
+    server = grpc.aio.server(
+        options=(
+            ("grpc.max_receive_message_length", size),
+            ("grpc.max_send_message_length", size),
+            ("grpc.so_reuseport", 0),  # a second `gateway epp` on the port is an error, not a silent twin
+        )
+    )
     server.add_generic_rpc_handlers((processor_handler(ExternalProcessor(Picker(gw))), Health(gw.registry).handler()))
     page: asyncio.Server | None = None
     try:

