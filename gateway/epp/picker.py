@@ -34,6 +34,7 @@ from gateway.pipeline.exchange import Exchange, Outcome
 from gateway.pipeline.router import Plan
 from gateway.protocols.base import Inbound, ProtocolAdapter, SseObserver, Target
 from gateway.protocols.catalog import ENDPOINTS, REASONING_COPY
+from gateway.protocols.rename import ModelRename
 
 CREDENTIALS = ("authorization", "x-api-key", "api-key")
 """The client's key headers: the gateway's own keys, never sent to an engine (as `gateway serve`)."""
@@ -61,6 +62,8 @@ class Pick:
     held: BudgetHold | None
     count: PromptCount
     observer: SseObserver | None = None
+    rename: ModelRename | None = None
+    """The client's model name back in the answer, where the engine was sent another (an alias)."""
     answer: list[bytes] = field(default_factory=list)
     """A non-stream answer's bytes, for its usage."""
     answered: bool = False
@@ -187,6 +190,8 @@ class Picker:
             held=held,
             count=count,
         )
+        if ex.served_model is not None:
+            pick.rename = ModelRename(ex.served_model, inbound.model)
         if inbound.stream:
             pick.observer = ex.observer = protocol.observer(inbound, edits, target)
             pick.observer.limit_events(gw.config.limits.max_event_bytes)
@@ -220,18 +225,25 @@ class Picker:
             self._gw.router.learn(pick.plan, pick.backend.name)
 
     def answer_chunk(self, pick: Pick, chunk: bytes) -> bytes:
-        """One chunk of the answer on its way to the client: observed (first token, gaps, usage);
-        returns the bytes to pass on (a stream's usage event the client did not ask for is dropped)."""
-        if pick.observer is not None and pick.ex.status == 200:
-            return pick.observer.feed(chunk, time.perf_counter())
-        pick.answer.append(chunk)
-        return chunk
+        """One chunk of the answer on its way to the client: observed (first token, gaps, usage) and
+        returned as the client gets it: a stream's usage event the client did not ask for dropped,
+        the client's model name back where an alias sent another, as `gateway serve` relays it."""
+        if pick.ex.status != 200:
+            return chunk
+        if pick.observer is not None:
+            chunk = pick.observer.feed(chunk, time.perf_counter())
+        else:
+            pick.answer.append(chunk)
+        return pick.rename.feed(chunk) if pick.rename is not None else chunk
 
     def answer_end(self, pick: Pick) -> bytes:
-        """The answer's end: what the observer still held."""
-        if pick.observer is not None and pick.ex.status == 200:
-            return pick.observer.flush()
-        return b""
+        """The answer's end: what the observer and the rename still held."""
+        if pick.ex.status != 200:
+            return b""
+        out = pick.observer.flush() if pick.observer is not None else b""
+        if pick.rename is not None:
+            out = pick.rename.feed(out) + pick.rename.finish()
+        return out
 
     def finish(self, pick: Pick, outcome: Outcome) -> None:
         """The request ended: release its load, record its metrics and access-log line, and let the

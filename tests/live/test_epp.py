@@ -33,6 +33,7 @@ pytestmark = [
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "deploy" / "envoy" / "envoy.yaml"
 CAP = 300  # the route's context cap, in tokens
+GENERATIONS = ("/v1/chat/completions", "/v1/messages", "/v1/responses")
 
 
 def free_port() -> int:
@@ -101,7 +102,7 @@ class Stack:
         out = {}
         for name, port in self.sims.items():
             records = httpx.get(f"http://127.0.0.1:{port}/sim/requests").json()
-            out[name] = [r for r in records if r["path"] in ("/v1/chat/completions", "/v1/messages")]
+            out[name] = [r for r in records if r["path"] in GENERATIONS]
         return out
 
     def metrics(self) -> str:
@@ -126,7 +127,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     config = {
         "pools": {
             "engines": {
-                "engine": "sim",
+                "engine": "vllm",  # the simulators imitate vLLM, which serves Responses natively
                 "balancer": "round_robin",
                 "backends": [{"url": f"http://127.0.0.1:{port}", "name": name} for name, port in sims.items()],
             }
@@ -179,7 +180,7 @@ def new_requests(
     return {name: records[len(before[name]) :] for name, records in after.items() if len(records) > len(before[name])}
 
 
-@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"])
+@pytest.mark.parametrize("path", GENERATIONS)
 @pytest.mark.parametrize("stream", [False, True])
 def test_each_request_reaches_the_engine_the_epp_picked(stack: Stack, path: str, stream: bool) -> None:
     """Two requests in a row go to the two engines in turn (the pool's round_robin, decided by the EPP),
@@ -187,22 +188,29 @@ def test_each_request_reaches_the_engine_the_epp_picked(stack: Stack, path: str,
     picked = []
     for _ in range(2):
         before = stack.generations()
-        r = httpx.post(stack.url + path, json=chat(stream=stream), timeout=30)
+        body = chat(stream=stream)
+        if path == "/v1/responses":
+            body = {"model": "small", "stream": stream, "max_output_tokens": 4, "input": "hello"}
+        r = httpx.post(stack.url + path, json=body, timeout=30)
         got = new_requests(before, stack.generations())
         assert r.status_code == 200, r.text
         assert list(got) == [r.headers["x-gateway-backend"]], (got, dict(r.headers))
         [(engine, [record])] = got.items()
         assert record["path"] == path
         assert record["body"]["model"] == "tiny"  # the client said `small`, the alias
-        assert record["body"]["messages"] == [{"role": "user", "content": "hello"}]
+        assert record["body"].get("messages", record["body"].get("input")) in ("hello", body.get("messages"))
         picked.append(engine)
         if stream:
             assert r.headers["content-type"].startswith("text/event-stream")
-            last = "data: [DONE]" if path == "/v1/chat/completions" else '"type":"message_stop"'
-            assert last in r.text.strip().splitlines()[-1], r.text[-300:]
+            last = {"/v1/chat/completions": "data: [DONE]", "/v1/messages": '"type":"message_stop"'}
+            end = last.get(path, '"type":"response.completed"')
+            assert end in r.text.strip().splitlines()[-1], r.text[-300:]
+            assert '"model":"tiny"' not in r.text.replace(" ", "")  # the client's name back, in every event
         else:
             body = r.json()
             assert body["usage"]
+            assert body["model"] == "small"  # the client's name back, as `gateway serve` answers
+        assert r.headers["x-gateway-model"] == "tiny"
     assert sorted(picked) == ["e0", "e1"]
 
 
@@ -311,7 +319,7 @@ def test_the_epp_killed_mid_stream_cuts_the_stream_and_envoy_fails_closed(stack:
     stack.start_epp()
     r = httpx.post(stack.url + "/v1/chat/completions", json=chat(), timeout=30)
     assert r.status_code == 200, r.text
-    assert json.loads(r.text)["model"] == "tiny"
+    assert json.loads(r.text)["model"] == "small"
 
 
 def test_the_shipped_config_is_valid_for_this_envoy() -> None:
