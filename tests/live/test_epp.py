@@ -213,7 +213,7 @@ def test_the_epp_killed_mid_stream_cuts_the_stream_and_envoy_fails_closed(stack:
     """Envoy's ext_proc filter runs with failure_mode_allow: false. With the EPP killed (SIGKILL), the
     answer in flight, whose body passes through the EPP, is cut (the client sees the stream end without
     its [DONE]) and the engine's request is aborted; a new request is answered by Envoy itself with a
-    500 and reaches no engine; once the EPP is back, requests flow again."""
+    503 (status_on_error) and reaches no engine; once the EPP is back, requests flow again."""
     out: list[str] = []
     started = threading.Event()
     before = stack.seen()
@@ -233,7 +233,7 @@ def test_the_epp_killed_mid_stream_cuts_the_stream_and_envoy_fails_closed(stack:
     )
     idle = stack.generations()
     r = httpx.post(stack.url + "/v1/chat/completions", json=chat(), timeout=30)
-    assert r.status_code == 500 and r.headers["server"] == "envoy", (r.status_code, r.text)
+    assert r.status_code == 503 and r.headers["server"] == "envoy", (r.status_code, r.text)
     assert stack.generations() == idle
     stack.epp.start_epp()
     r = httpx.post(stack.url + "/v1/chat/completions", json=chat(), timeout=30)

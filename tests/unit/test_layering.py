@@ -5,6 +5,8 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -251,6 +253,19 @@ def test_grpc_is_only_the_epp_extras() -> None:
     runtime = text.split("dependencies = [", 1)[1].split("]", 1)[0]
     epp = text.split("\nepp = [", 1)[1].split("]", 1)[0]
     assert "grpcio" not in runtime and "protobuf" not in runtime and "grpcio" in epp
+
+
+def test_gateway_serve_loads_no_grpc() -> None:
+    """The import check at run time: the serve path's modules, imported as `gateway serve` imports
+    them, leave grpc and protobuf unloaded."""
+    code = (
+        "import sys, gateway.cli, gateway.serving.server, gateway.app.build; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'grpc' or m.startswith('google.protobuf')"
+        " or m.startswith('gateway.epp')))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", done.stdout
 
 
 def test_opentelemetry_is_only_the_otel_extras() -> None:
