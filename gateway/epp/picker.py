@@ -27,6 +27,7 @@ from gateway.errors import (
     Overloaded,
     PayloadTooLarge,
 )
+from gateway.fleet.health import PassiveHealth
 from gateway.fleet.registry import Backend
 from gateway.pipeline.accounting import prompt_tokens
 from gateway.pipeline.enforcer import NO_PROMPT, PromptCount
@@ -86,6 +87,8 @@ class Picker:
         self._copy_routes = frozenset(r.label for r in gw.config.routes if r.reasoning_content == "copy")
         """The routes that get REASONING_COPY's adapter instead of their endpoint's."""
         self._addresses: dict[str, str] = {}
+        # What Envoy's answers say of a backend, counted as `gateway serve` counts its own attempts'.
+        self._passive = PassiveHealth(gw.health_state, gw.metrics)
 
     @property
     def gateway(self) -> Gateway:
@@ -223,6 +226,11 @@ class Picker:
         pick.ex.response_started = True
         if status == 200:
             self._gw.router.learn(pick.plan, pick.backend.name)
+        elif (status >= 500 and status != 501) or status == 429:
+            # Envoy's own 503 when the engine cannot be reached counts here too: a dead engine is
+            # ejected after health.unhealthy_after of them, before its next active check.
+            kind = "status_429" if status == 429 else "status_5xx"
+            self._passive.failure(pick.backend, kind, penalise=status >= 500)
 
     def answer_chunk(self, pick: Pick, chunk: bytes) -> bytes:
         """One chunk of the answer on its way to the client: observed (first token, gaps, usage) and
@@ -254,6 +262,8 @@ class Picker:
         if outcome == "success" and pick.observer is None and pick.answer:
             ex.usage = _usage(pick.protocol, b"".join(pick.answer))
         ex.outcome = outcome
+        if outcome == "success":
+            self._passive.success(pick.backend)
         gw.accounting.finish(ex)
         usage = ex.reported_usage()
         gw.access.account(pick.client, usage, ex.prompt_estimate, ex.streamed_tokens, pick.held)

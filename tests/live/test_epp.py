@@ -41,15 +41,20 @@ class Stack:
     def url(self) -> str:
         return self.epp.url()
 
+    @property
+    def engines(self) -> dict[str, int]:
+        """The default pool's two simulators (the flaky pool's are for the ejection test)."""
+        return {name: port for name, port in self.sims.items() if name in ("e0", "e1")}
+
     def seen(self) -> dict[str, dict[str, int]]:
         """Each engine's own counters: requests seen, aborted, completed."""
-        return {name: httpx.get(f"http://127.0.0.1:{port}/sim/stats").json() for name, port in self.sims.items()}
+        return {name: httpx.get(f"http://127.0.0.1:{port}/sim/stats").json() for name, port in self.engines.items()}
 
     def generations(self) -> dict[str, list[dict[str, Any]]]:
         """Each engine's own record of the generation requests that reached it (path, body), oldest
         first; the cap's exact token counts (/tokenize) left out."""
         out = {}
-        for name, port in self.sims.items():
+        for name, port in self.engines.items():
             records = httpx.get(f"http://127.0.0.1:{port}/sim/requests").json()
             out[name] = [r for r in records if r["path"] in GENERATIONS]
         return out
@@ -57,18 +62,28 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    sims = {"e0": free_port(), "e1": free_port()}
+    sims = {"e0": free_port(), "e1": free_port(), "f0": free_port(), "f1": free_port()}
+
+    def pool(*names: str) -> dict[str, Any]:
+        return {
+            "engine": "vllm",  # the simulators imitate vLLM, which serves Responses natively
+            "balancer": "round_robin",
+            "backends": [{"url": f"http://127.0.0.1:{sims[n]}", "name": n} for n in names],
+        }
+
     config = {
-        "pools": {
-            "engines": {
-                "engine": "vllm",  # the simulators imitate vLLM, which serves Responses natively
-                "balancer": "round_robin",
-                "backends": [{"url": f"http://127.0.0.1:{port}", "name": name} for name, port in sims.items()],
+        "pools": {"engines": pool("e0", "e1"), "flaky": pool("f0", "f1")},
+        "routes": [
+            {
+                "model": "tiny",
+                "pools": ["engines", "flaky"],
+                "rules": [{"when": {"header": {"x-pool": "flaky"}}, "pool": "flaky"}, {"pool": "engines"}],
+                "caps": {"max_context_tokens": CAP, "on_exceed": "reject"},
             }
-        },
-        "routes": [{"model": "tiny", "pools": ["engines"], "caps": {"max_context_tokens": CAP, "on_exceed": "reject"}}],
+        ],
         "aliases": {"small": "tiny"},
-        "health": {"interval_s": 60, "scrape_interval_s": 60},
+        # No active check during the test: only Envoy's answers can eject a backend.
+        "health": {"interval_s": 60, "scrape_interval_s": 60, "unhealthy_after": 2},
     }
     epp = EppStack(tmp_path_factory.mktemp("epp"), config)
     try:
@@ -131,6 +146,30 @@ def test_each_request_reaches_the_engine_the_epp_picked(stack: Stack, path: str,
             assert body["model"] == "small"  # the client's name back, as `gateway serve` answers
         assert r.headers["x-gateway-model"] == "tiny"
     assert sorted(picked) == ["e0", "e1"]
+
+
+def test_an_engine_envoy_cannot_reach_is_ejected_by_envoys_answers(stack: Stack) -> None:
+    """Envoy's own 503 for an engine that went away reaches the EPP as the answer's status and counts
+    as that backend's failure; after health.unhealthy_after (2) of them every request goes to the
+    other engine, long before the next active check (60 s)."""
+    flaky = {"x-pool": "flaky"}
+    for _ in range(2):  # both answer while both are up
+        r = httpx.post(stack.url + "/v1/chat/completions", json=chat(), headers=flaky, timeout=30)
+        assert r.status_code == 200, r.text
+    proc = stack.epp.procs.pop("f1")
+    proc.kill()
+    proc.wait(10)
+    failed = 0
+    for _ in range(4):  # round robin: two of these land on f1 while it still counts as healthy
+        r = httpx.post(stack.url + "/v1/chat/completions", json=chat(), headers=flaky, timeout=30)
+        if r.status_code == 503:
+            assert r.headers["x-gateway-backend"] == "f1"
+            failed += 1
+    assert failed == 2
+    for _ in range(4):
+        r = httpx.post(stack.url + "/v1/chat/completions", json=chat(), headers=flaky, timeout=30)
+        assert r.status_code == 200 and r.headers["x-gateway-backend"] == "f0", (r.status_code, r.text)
+    assert 'gateway_upstream_errors_total{backend="f1",kind="status_5xx",pool="flaky"} 2.0' in stack.epp.metrics()
 
 
 @pytest.mark.parametrize(
