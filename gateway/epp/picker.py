@@ -53,6 +53,8 @@ class Pick:
     target: Target
     address: str
     """ip:port of the backend: the x-gateway-destination-endpoint value."""
+    fallback: str | None
+    """ip:port of the next backend in the balancer's order, for a data plane that tries one more."""
     body: bytes | None
     """The body to send, or None: the client's bytes as they are."""
     path: str | None
@@ -103,15 +105,18 @@ class Picker:
         headers = (("content-type", "application/json"), *err.headers().items())
         return Refusal(protocol.error_status(err), protocol.error_body(err), headers)
 
-    async def pick(self, path: str, headers: Mapping[str, str], raw: bytes) -> Pick:
+    async def pick(
+        self, path: str, headers: Mapping[str, str], raw: bytes, subset: frozenset[str] | None = None
+    ) -> Pick:
         """The plan for one request; raises GatewayError (the caller answers it with refusal()),
-        counted as `gateway serve` counts a refusal."""
+        counted as `gateway serve` counts a refusal. `subset`: the ip:port endpoints the data plane
+        allows (the envoy.lb.subset_hint metadata); None: any."""
         protocol = self.protocol(path)
         if protocol is None:
             raise NotFound(f"The gateway does not route {path.split('?', 1)[0][:64]}.", code="unknown_path")
         ex = Exchange(request_id=headers.get("x-request-id", "")[:128] or "-", api=protocol.api, path=protocol.path)
         try:
-            return await self._pick(ex, protocol, headers, raw)
+            return await self._pick(ex, protocol, headers, raw, subset)
         except GatewayError as err:
             ex.status = protocol.error_status(err)
             ex.outcome = "overloaded" if isinstance(err, Overloaded | NoHealthyBackend) else "rejected_4xx"
@@ -120,7 +125,14 @@ class Picker:
             self._gw.accounting.finish(ex)
             raise
 
-    async def _pick(self, ex: Exchange, protocol: ProtocolAdapter, headers: Mapping[str, str], raw: bytes) -> Pick:
+    async def _pick(
+        self,
+        ex: Exchange,
+        protocol: ProtocolAdapter,
+        headers: Mapping[str, str],
+        raw: bytes,
+        subset: frozenset[str] | None,
+    ) -> Pick:
         gw = self._gw
         client = gw.access.authenticate(headers.get("authorization"), headers.get("x-api-key"))
         limit = gw.config.limits.max_body_bytes
@@ -153,6 +165,13 @@ class Picker:
             ticket = gw.admission.ticket(client, route, headers, estimate, inbound.max_tokens)
             held = await gw.access.hold(client, estimate, gw.admission.output_tokens(inbound.max_tokens))
             backends, plan, _ = await gw.admission.admit(plan, route.label, ticket)
+            if subset is not None:
+                backends = [b for b in backends if await self._address(b) in subset]
+                if not backends:
+                    raise NoHealthyBackend(
+                        f"No backend of route '{route.label}' is among the endpoints the data plane allows.",
+                        retry_after=5,
+                    )
             backend = backends[0]
             model = gw.router.upstream_model(plan, backend, route.upstream_model, inbound.model)
             cap_edits, count = await gw.caps.apply(route, inbound, view, backend, model or inbound.model)
@@ -176,6 +195,7 @@ class Picker:
         ex.backend, ex.backend_name = backend, backend.name
         ex.served_model = model if model is not None and model != inbound.model else None
         address = await self._address(backend)
+        fallback = await self._address(backends[1]) if len(backends) > 1 else None
         set_headers = {"x-gateway-destination-endpoint": address, **backend.auth_headers()}
         pick = Pick(
             ex=ex,
@@ -185,6 +205,7 @@ class Picker:
             backend=backend,
             target=target,
             address=address,
+            fallback=fallback,
             body=None if body is inbound.raw else body,
             path=target.path if target.path != protocol.path else None,
             set_headers=set_headers,

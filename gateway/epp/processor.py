@@ -23,6 +23,11 @@ log = logging.getLogger(__name__)
 DESTINATION = "x-gateway-destination-endpoint"
 """The header the data plane's ORIGINAL_DST cluster reads, and the key under `envoy.lb` metadata."""
 LB_NAMESPACE = "envoy.lb"
+FALLBACK = "x-gateway-destination-endpoint-fallback"
+"""A second endpoint, in the same namespace, for a data plane that tries one more."""
+SUBSET_NAMESPACE = "envoy.lb.subset_hint"
+SUBSET = "x-gateway-destination-endpoint-subset"
+"""The endpoints (ip:port) the data plane allows for this request, in its request metadata."""
 FULL_DUPLEX = modes.ProcessingMode.FULL_DUPLEX_STREAMED
 OVERWRITE = core.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 
@@ -30,7 +35,18 @@ OVERWRITE = core.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 class StreamState:
     """What one ext_proc stream has seen so far."""
 
-    __slots__ = ("answer_duplex", "body", "duplex", "ended", "headers", "pick", "refused", "size", "status")
+    __slots__ = (
+        "answer_duplex",
+        "body",
+        "duplex",
+        "ended",
+        "headers",
+        "pick",
+        "refused",
+        "size",
+        "status",
+        "subset",
+    )
 
     def __init__(self) -> None:
         self.headers: dict[str, str] = {}
@@ -44,6 +60,7 @@ class StreamState:
         self.status = 0
         self.ended = False
         """The answer's last byte went by."""
+        self.subset: frozenset[str] | None = None
 
 
 class ExternalProcessor:
@@ -74,6 +91,7 @@ class ExternalProcessor:
                 state.duplex = message.protocol_config.request_body_mode == FULL_DUPLEX
                 state.answer_duplex = message.protocol_config.response_body_mode == FULL_DUPLEX
             state.headers = _headers(message.request_headers.headers.headers)
+            state.subset = _subset(message)
             if message.request_headers.end_of_stream:  # no body: nothing the gateway routes
                 return await self._decide(state, b"")
             if state.duplex:
@@ -106,7 +124,7 @@ class ExternalProcessor:
     async def _decide(self, state: StreamState, raw: bytes) -> list[ep.ProcessingResponse]:
         path = _path(state)
         try:
-            pick = await self._picker.pick(path, state.headers, raw)
+            pick = await self._picker.pick(path, state.headers, raw, state.subset)
         except GatewayError as err:
             return self._refuse(state, self._picker.refusal(self._picker.protocol(path), err))
         state.pick = pick
@@ -116,7 +134,10 @@ class ExternalProcessor:
             query = path.partition("?")[2]
             set_headers[":path"] = f"{pick.path}?{query}" if query else pick.path
         metadata = struct_pb2.Struct()
-        metadata.update({LB_NAMESPACE: {DESTINATION: pick.address}})
+        lb = {DESTINATION: pick.address}
+        if pick.fallback is not None:
+            lb[FALLBACK] = pick.fallback
+        metadata.update({LB_NAMESPACE: lb})
         if state.duplex:
             # Headers first (the destination, and the length of the body that follows: the whole
             # body is known, so the engine need not take a chunked one), then that body as one
@@ -194,6 +215,17 @@ def _outcome(state: StreamState) -> Outcome:
     if status == 429:
         return "overloaded"
     return "rejected_4xx" if 400 <= status < 500 else "upstream_error_before_first_byte"
+
+
+def _subset(message: ep.ProcessingRequest) -> frozenset[str] | None:
+    """The envoy.lb.subset_hint endpoints, when the data plane sent them (an empty list allows none)."""
+    namespaces = message.metadata_context.filter_metadata
+    if SUBSET_NAMESPACE not in namespaces:
+        return None
+    hint = namespaces[SUBSET_NAMESPACE].fields.get(SUBSET)
+    if hint is None or hint.WhichOneof("kind") != "list_value":
+        return None
+    return frozenset(v.string_value for v in hint.list_value.values if v.WhichOneof("kind") == "string_value")
 
 
 def _path(state: StreamState) -> str:

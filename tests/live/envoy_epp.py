@@ -4,6 +4,7 @@ ports changed, in front of a `gateway epp` process: for the tests of `gateway ep
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -44,15 +45,35 @@ def wait_until(check: Callable[[], Any], what: str, timeout: float = 30.0) -> No
         time.sleep(0.1)
 
 
-def envoy_config(listener: int, epp: int, admin: int, full_duplex: bool = False) -> str:
-    """The shipped config with these ports (and, with full_duplex, the request body FULL_DUPLEX_STREAMED)."""
+EXT_PROC = "                  - name: envoy.filters.http.ext_proc\n"
+
+
+def envoy_config(
+    listener: int, epp: int, admin: int, full_duplex: bool = False, subset: list[str] | None = None
+) -> str:
+    """The shipped config with these ports; with full_duplex, the request body FULL_DUPLEX_STREAMED; with
+    subset, a set_metadata filter before ext_proc that gives every request that endpoint subset hint
+    (what a Gateway API data plane sends for an InferencePool)."""
     text = SHIPPED.read_text()
     for shipped, ours in ((10000, listener), (9002, epp), (9901, admin)):
         needle = f"port_value: {shipped}"
         assert text.count(needle) == 1, needle
         text = text.replace(needle, f"port_value: {ours}")
     assert text.count(BUFFERED) == 1
-    return text.replace(BUFFERED, FULL_DUPLEX) if full_duplex else text
+    if full_duplex:
+        text = text.replace(BUFFERED, FULL_DUPLEX)
+    if subset is not None:
+        hint = (
+            "                  - name: envoy.filters.http.set_metadata\n"
+            "                    typed_config:\n"
+            '                      "@type": type.googleapis.com/envoy.extensions.filters.http.set_metadata.v3.Config\n'
+            "                      metadata:\n"
+            "                        - metadata_namespace: envoy.lb.subset_hint\n"
+            f"                          value: {{x-gateway-destination-endpoint-subset: {json.dumps(subset)}}}\n"
+        )
+        assert text.count(EXT_PROC) == 1
+        text = text.replace(EXT_PROC, hint + EXT_PROC)
+    return text
 
 
 @dataclass
@@ -86,10 +107,10 @@ class EppStack:
         ready = health_pb2.HealthCheckResponse.SERVING
         wait_until(lambda: self.health("readiness") == ready, "gateway epp", timeout)
 
-    def start_envoy(self, name: str = "envoy", full_duplex: bool = False) -> None:
+    def start_envoy(self, name: str = "envoy", full_duplex: bool = False, subset: list[str] | None = None) -> None:
         listener, admin = free_port(), free_port()
         config = self.tmp / f"{name}.yaml"
-        config.write_text(envoy_config(listener, self.epp_port, admin, full_duplex))
+        config.write_text(envoy_config(listener, self.epp_port, admin, full_duplex, subset))
         with (self.tmp / f"{name}.log").open("wb") as log:
             self.procs[name] = subprocess.Popen(
                 ["envoy", "-c", str(config), "--log-level", "warn", "--base-id", str(listener)],
@@ -108,6 +129,11 @@ class EppStack:
             )
             reply = check(health_pb2.HealthCheckRequest(service=service), timeout=2)
             return int(reply.status)
+
+    def access_log(self, envoy: str = "envoy") -> list[str]:
+        """Envoy's access-log lines (the shipped format: upstream=, epp=, fallback=)."""
+        text = (self.tmp / f"{envoy}.log").read_text()
+        return [line for line in text.splitlines() if line.startswith("[") and "upstream=" in line]
 
     def metrics(self) -> str:
         return httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics").text

@@ -98,6 +98,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             wait_until(lambda p=port: httpx.get(f"http://127.0.0.1:{p}/sim/stats").status_code == 200, "a sim")
         epp.start_epp()
         epp.start_envoy()
+        epp.start_envoy("subset", subset=[f"127.0.0.1:{sims['e1']}"])
+        epp.start_envoy("no-subset", subset=["10.255.255.1:8000"])
         yield Stack(epp, sims)
     finally:
         epp.stop()
@@ -146,6 +148,36 @@ def test_each_request_reaches_the_engine_the_epp_picked(stack: Stack, path: str,
             assert body["model"] == "small"  # the client's name back, as `gateway serve` answers
         assert r.headers["x-gateway-model"] == "tiny"
     assert sorted(picked) == ["e0", "e1"]
+
+
+def test_envoy_takes_the_pick_and_its_fallback_as_dynamic_metadata(stack: Stack) -> None:
+    """The shipped config accepts the EPP's `envoy.lb` metadata (its access log prints it): the same
+    endpoint as the header Envoy routed on, and the other engine as the fallback."""
+    r = httpx.post(stack.url + "/v1/chat/completions", json=chat(), timeout=30)
+    assert r.status_code == 200
+    addresses = {name: f"127.0.0.1:{port}" for name, port in stack.engines.items()}
+    picked = addresses[r.headers["x-gateway-backend"]]
+    (other,) = set(addresses.values()) - {picked}
+    wait_until(lambda: any(f"upstream={picked} " in line for line in stack.epp.access_log()), "envoy's log line")
+    line = [entry for entry in stack.epp.access_log() if f"upstream={picked} " in entry][-1]
+    assert f"epp={picked} fallback={other}" in line, line
+
+
+def test_the_data_planes_subset_hint_is_honoured(stack: Stack) -> None:
+    """A data plane's envoy.lb.subset_hint (set here by a set_metadata filter before ext_proc) limits
+    the pick: round robin over two engines sends everything to the one allowed; a subset that holds
+    none of the gateway's backends is a 503 in the client's protocol."""
+    before = stack.generations()
+    for _ in range(4):
+        r = httpx.post(stack.epp.url("subset") + "/v1/chat/completions", json=chat(), timeout=30)
+        assert r.status_code == 200, r.text
+    after = stack.generations()
+    got = new_requests(before, after)
+    assert list(got) == ["e1"] and len(got["e1"]) == 4, got
+    r = httpx.post(stack.epp.url("no-subset") + "/v1/messages", json=chat(), timeout=30)
+    assert r.status_code == 503, r.text
+    assert r.json()["type"] == "error" and "endpoints the data plane allows" in r.json()["error"]["message"]
+    assert stack.generations() == after
 
 
 def test_an_engine_envoy_cannot_reach_is_ejected_by_envoys_answers(stack: Stack) -> None:
