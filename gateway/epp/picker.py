@@ -106,15 +106,23 @@ class Picker:
         return Refusal(protocol.error_status(err), protocol.error_body(err), headers)
 
     async def pick(
-        self, path: str, headers: Mapping[str, str], raw: bytes, subset: frozenset[str] | None = None
+        self,
+        path: str,
+        headers: Mapping[str, str],
+        raw: bytes,
+        subset: frozenset[str] | None = None,
+        arrived: float | None = None,
     ) -> Pick:
         """The plan for one request; raises GatewayError (the caller answers it with refusal()),
         counted as `gateway serve` counts a refusal. `subset`: the ip:port endpoints the data plane
-        allows (the envoy.lb.subset_hint metadata); None: any."""
+        allows (the envoy.lb.subset_hint metadata); None: any. `arrived`: perf_counter() when the
+        request's headers came."""
         protocol = self.protocol(path)
         if protocol is None:
             raise NotFound(f"The gateway does not route {path.split('?', 1)[0][:64]}.", code="unknown_path")
         ex = Exchange(request_id=headers.get("x-request-id", "")[:128] or "-", api=protocol.api, path=protocol.path)
+        if arrived is not None:
+            ex.started = arrived
         try:
             return await self._pick(ex, protocol, headers, raw, subset)
         except GatewayError as err:

@@ -6,6 +6,7 @@ headers and body, observed on their way to the client and passed on."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator, Iterable, Mapping
 
 from google.protobuf import struct_pb2
@@ -29,6 +30,7 @@ SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 SUBSET = "x-gateway-destination-endpoint-subset"
 """The endpoints (ip:port) the data plane allows for this request, in its request metadata."""
 FULL_DUPLEX = modes.ProcessingMode.FULL_DUPLEX_STREAMED
+BUFFERED = modes.ProcessingMode.BUFFERED
 OVERWRITE = core.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 
 
@@ -37,6 +39,7 @@ class StreamState:
 
     __slots__ = (
         "answer_duplex",
+        "arrived",
         "body",
         "duplex",
         "ended",
@@ -61,6 +64,8 @@ class StreamState:
         self.ended = False
         """The answer's last byte went by."""
         self.subset: frozenset[str] | None = None
+        self.arrived = time.perf_counter()
+        """When the request's headers came: TTFT and the duration run from here, as the client's do."""
 
 
 class ExternalProcessor:
@@ -87,10 +92,14 @@ class ExternalProcessor:
     async def _handle(self, state: StreamState, message: ep.ProcessingRequest) -> list[ep.ProcessingResponse]:
         kind = message.WhichOneof("request")
         if kind == "request_headers":
-            if message.HasField("protocol_config"):
-                state.duplex = message.protocol_config.request_body_mode == FULL_DUPLEX
-                state.answer_duplex = message.protocol_config.response_body_mode == FULL_DUPLEX
+            state.arrived = time.perf_counter()
             state.headers = _headers(message.request_headers.headers.headers)
+            if message.HasField("protocol_config"):
+                mode = message.protocol_config.request_body_mode
+                if mode not in (BUFFERED, FULL_DUPLEX):
+                    return self._misconfigured(state)
+                state.duplex = mode == FULL_DUPLEX
+                state.answer_duplex = message.protocol_config.response_body_mode == FULL_DUPLEX
             state.subset = _subset(message)
             if message.request_headers.end_of_stream:  # no body: nothing the gateway routes
                 return await self._decide(state, b"")
@@ -104,8 +113,10 @@ class ExternalProcessor:
             if state.size > self._limit:
                 err = PayloadTooLarge(f"The request body is larger than the {self._limit}-byte limit.")
                 return self._refuse(state, self._picker.refusal(self._picker.protocol(_path(state)), err))
-            if chunk.end_of_stream or not state.duplex:
+            if chunk.end_of_stream:
                 return await self._decide(state, b"".join(state.body))
+            if not state.duplex:  # a body in pieces without a protocol_config that says so
+                return self._misconfigured(state)
             return []
         if kind == "request_trailers":
             out = [] if state.pick is not None else await self._decide(state, b"".join(state.body))
@@ -124,9 +135,13 @@ class ExternalProcessor:
     async def _decide(self, state: StreamState, raw: bytes) -> list[ep.ProcessingResponse]:
         path = _path(state)
         try:
-            pick = await self._picker.pick(path, state.headers, raw, state.subset)
+            pick = await self._picker.pick(path, state.headers, raw, state.subset, state.arrived)
         except GatewayError as err:
             return self._refuse(state, self._picker.refusal(self._picker.protocol(path), err))
+        except Exception:  # a bug: still the protocol's error body, never a broken stream
+            log.exception("ext_proc request %s failed", state.headers.get("x-request-id", "-"))
+            bug = GatewayError("The gateway failed on this request.", code="internal_error")
+            return self._refuse(state, self._picker.refusal(self._picker.protocol(path), bug))
         state.pick = pick
         body = pick.body if pick.body is not None else raw
         set_headers = dict(pick.set_headers)
@@ -159,6 +174,14 @@ class ExternalProcessor:
             common.header_mutation.set_headers.append(_header("content-length", str(len(body))))
             common.body_mutation.body = body
         return [ep.ProcessingResponse(request_body=ep.BodyResponse(response=common), dynamic_metadata=metadata)]
+
+    def _misconfigured(self, state: StreamState) -> list[ep.ProcessingResponse]:
+        """A request body mode other than BUFFERED and FULL_DUPLEX_STREAMED: with STREAMED the request
+        would leave before the pick (to no destination). A deployment error, said to the client as
+        the gateway's own failure and in the EPP's log."""
+        log.error("Envoy's ext_proc request_body_mode must be BUFFERED or FULL_DUPLEX_STREAMED")
+        err = GatewayError("The gateway's data plane is misconfigured.", code="epp_body_mode")
+        return self._refuse(state, self._picker.refusal(self._picker.protocol(_path(state)), err))
 
     @staticmethod
     def _refuse(state: StreamState, refusal: Refusal) -> list[ep.ProcessingResponse]:

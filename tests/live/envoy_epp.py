@@ -25,6 +25,7 @@ SHIPPED = ROOT / "deploy" / "envoy" / "envoy.yaml"
 # The shipped config's request-body mode, and the one Gateway API data planes configure instead.
 BUFFERED = "request_body_mode: BUFFERED\n                        request_trailer_mode: SKIP"
 FULL_DUPLEX = "request_body_mode: FULL_DUPLEX_STREAMED\n                        request_trailer_mode: SEND"
+STREAMED = "request_body_mode: STREAMED\n                        request_trailer_mode: SKIP"
 
 
 def free_port() -> int:
@@ -49,9 +50,10 @@ EXT_PROC = "                  - name: envoy.filters.http.ext_proc\n"
 
 
 def envoy_config(
-    listener: int, epp: int, admin: int, full_duplex: bool = False, subset: list[str] | None = None
+    listener: int, epp: int, admin: int, body_mode: str | None = None, subset: list[str] | None = None
 ) -> str:
-    """The shipped config with these ports; with full_duplex, the request body FULL_DUPLEX_STREAMED; with
+    """The shipped config with these ports; with body_mode, that request body mode (FULL_DUPLEX, or
+    another mode's lines) in place of BUFFERED; with
     subset, a set_metadata filter before ext_proc that gives every request that endpoint subset hint
     (what a Gateway API data plane sends for an InferencePool)."""
     text = SHIPPED.read_text()
@@ -60,8 +62,8 @@ def envoy_config(
         assert text.count(needle) == 1, needle
         text = text.replace(needle, f"port_value: {ours}")
     assert text.count(BUFFERED) == 1
-    if full_duplex:
-        text = text.replace(BUFFERED, FULL_DUPLEX)
+    if body_mode is not None:
+        text = text.replace(BUFFERED, body_mode)
     if subset is not None:
         hint = (
             "                  - name: envoy.filters.http.set_metadata\n"
@@ -107,10 +109,10 @@ class EppStack:
         ready = health_pb2.HealthCheckResponse.SERVING
         wait_until(lambda: self.health("readiness") == ready, "gateway epp", timeout)
 
-    def start_envoy(self, name: str = "envoy", full_duplex: bool = False, subset: list[str] | None = None) -> None:
+    def start_envoy(self, name: str = "envoy", body_mode: str | None = None, subset: list[str] | None = None) -> None:
         listener, admin = free_port(), free_port()
         config = self.tmp / f"{name}.yaml"
-        config.write_text(envoy_config(listener, self.epp_port, admin, full_duplex, subset))
+        config.write_text(envoy_config(listener, self.epp_port, admin, body_mode, subset))
         with (self.tmp / f"{name}.log").open("wb") as log:
             self.procs[name] = subprocess.Popen(
                 ["envoy", "-c", str(config), "--log-level", "warn", "--base-id", str(listener)],

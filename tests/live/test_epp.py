@@ -20,7 +20,7 @@ import pytest
 
 pytest.importorskip("grpc")  # the epp extra (tests/run.sh installs it with the test extra)
 from gateway.epp.proto import health_pb2
-from tests.live.envoy_epp import ROOT, SHIPPED, EppStack, free_port, wait_until
+from tests.live.envoy_epp import ROOT, SHIPPED, STREAMED, EppStack, free_port, wait_until
 
 pytestmark = [
     pytest.mark.live,
@@ -100,6 +100,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         epp.start_envoy()
         epp.start_envoy("subset", subset=[f"127.0.0.1:{sims['e1']}"])
         epp.start_envoy("no-subset", subset=["10.255.255.1:8000"])
+        epp.start_envoy("streamed", body_mode=STREAMED)
         yield Stack(epp, sims)
     finally:
         epp.stop()
@@ -178,6 +179,16 @@ def test_the_data_planes_subset_hint_is_honoured(stack: Stack) -> None:
     assert r.status_code == 503, r.text
     assert r.json()["type"] == "error" and "endpoints the data plane allows" in r.json()["error"]["message"]
     assert stack.generations() == after
+
+
+def test_a_body_mode_that_would_send_the_request_before_the_pick_is_refused(stack: Stack) -> None:
+    """request_body_mode: STREAMED would let Envoy send the request on before the pick (to no
+    destination): the EPP refuses it at the headers, in the client's protocol, and no engine sees it."""
+    before = stack.generations()
+    r = httpx.post(stack.epp.url("streamed") + "/v1/chat/completions", json=chat(), timeout=30)
+    assert r.status_code == 500, r.text
+    assert r.json()["error"]["code"] == "epp_body_mode"
+    assert stack.generations() == before
 
 
 def test_an_engine_envoy_cannot_reach_is_ejected_by_envoys_answers(stack: Stack) -> None:
