@@ -5,6 +5,7 @@ counters (/sim/stats), not from the gateway's headers."""
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import signal
@@ -60,6 +61,10 @@ class Stack:
         return out
 
 
+def _answers(url: str) -> bool:
+    return httpx.get(url).status_code == 200
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     sims = {"e0": free_port(), "e1": free_port(), "f0": free_port(), "f1": free_port()}
@@ -95,7 +100,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 stderr=subprocess.DEVNULL,
             )
         for port in sims.values():
-            wait_until(lambda p=port: httpx.get(f"http://127.0.0.1:{p}/sim/stats").status_code == 200, "a sim")
+            stats = f"http://127.0.0.1:{port}/sim/stats"
+            wait_until(functools.partial(_answers, stats), "a sim")
         epp.start_epp()
         epp.start_envoy()
         epp.start_envoy("subset", subset=[f"127.0.0.1:{sims['e1']}"])
