@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -67,7 +68,7 @@ def _answers(url: str) -> bool:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    sims = {"e0": free_port(), "e1": free_port(), "f0": free_port(), "f1": free_port()}
+    sims = {"e0": free_port(), "e1": free_port(), "f0": free_port(), "f1": free_port(), "s0": free_port()}
 
     def pool(*names: str) -> dict[str, Any]:
         return {
@@ -76,13 +77,19 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             "backends": [{"url": f"http://127.0.0.1:{sims[n]}", "name": n} for n in names],
         }
 
+    solo = pool("s0")
+    solo["backends"][0]["max_in_flight"] = 1
     config = {
-        "pools": {"engines": pool("e0", "e1"), "flaky": pool("f0", "f1")},
+        "pools": {"engines": pool("e0", "e1"), "flaky": pool("f0", "f1"), "solo": solo},
         "routes": [
             {
                 "model": "tiny",
-                "pools": ["engines", "flaky"],
-                "rules": [{"when": {"header": {"x-pool": "flaky"}}, "pool": "flaky"}, {"pool": "engines"}],
+                "pools": ["engines", "flaky", "solo"],
+                "rules": [
+                    {"when": {"header": {"x-pool": "flaky"}}, "pool": "flaky"},
+                    {"when": {"header": {"x-pool": "solo"}}, "pool": "solo"},
+                    {"pool": "engines"},
+                ],
                 "caps": {"max_context_tokens": CAP, "on_exceed": "reject"},
             }
         ],
@@ -195,6 +202,51 @@ def test_a_body_mode_that_would_send_the_request_before_the_pick_is_refused(stac
     assert r.status_code == 500, r.text
     assert r.json()["error"]["code"] == "epp_body_mode"
     assert stack.generations() == before
+
+
+def test_a_full_backend_makes_the_next_request_wait_for_its_slot(stack: Stack) -> None:
+    """The EPP counts a request as its backend's load until the answer's end: with max_in_flight 1,
+    a second request waits in the gateway's queue (the ext_proc stream held open) and reaches the
+    engine only once the first answer is done; the engine never runs two."""
+    port = stack.sims["s0"]
+    busiest = 0
+    done = threading.Event()
+
+    def watch() -> None:
+        nonlocal busiest
+        while not done.is_set():
+            busiest = max(busiest, httpx.get(f"http://127.0.0.1:{port}/sim/stats").json()["active"])
+            time.sleep(0.005)
+
+    results: list[httpx.Response] = []
+
+    def ask() -> None:
+        body = chat(stream=True, max_tokens=40)
+        results.append(
+            httpx.post(stack.url + "/v1/chat/completions", json=body, headers={"x-pool": "solo"}, timeout=30)
+        )
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    askers = [threading.Thread(target=ask) for _ in range(2)]
+    started = time.monotonic()
+    for t in askers:
+        t.start()
+    for t in askers:
+        t.join(30)
+    elapsed = time.monotonic() - started
+    done.set()
+    watcher.join(5)
+    assert [r.status_code for r in results] == [200, 200], [r.text for r in results]
+    assert all("data: [DONE]" in r.text for r in results)
+    assert busiest == 1
+    assert elapsed > 1.2  # 40 tokens at the simulator's 20 ms a step: about 0.8 s each, one after the other
+    waited = [
+        float(line.rsplit(" ", 1)[1])
+        for line in stack.epp.metrics().splitlines()
+        if line.startswith("gateway_queue_wait_seconds_sum") and 'pool="solo"' in line
+    ]
+    assert waited and sum(waited) > 0.5, waited  # the second one waited for the first's answer
 
 
 def test_an_engine_envoy_cannot_reach_is_ejected_by_envoys_answers(stack: Stack) -> None:
