@@ -26,6 +26,7 @@ from gateway.errors import (
     NotFound,
     Overloaded,
     PayloadTooLarge,
+    RateLimited,
 )
 from gateway.fleet.health import PassiveHealth
 from gateway.fleet.registry import Backend
@@ -33,6 +34,7 @@ from gateway.pipeline.accounting import prompt_tokens
 from gateway.pipeline.enforcer import NO_PROMPT, PromptCount
 from gateway.pipeline.exchange import Exchange, Outcome
 from gateway.pipeline.router import Plan
+from gateway.policy.fairqueue import Ticket
 from gateway.protocols.base import Inbound, ProtocolAdapter, SseObserver, Target
 from gateway.protocols.catalog import ENDPOINTS, REASONING_COPY
 from gateway.protocols.rename import ModelRename
@@ -64,6 +66,8 @@ class Pick:
     client: ClientKey | None
     held: BudgetHold | None
     count: PromptCount
+    ticket: Ticket | None = None
+    """The queue ticket of a request that waited for its slot: its key's fair share is settled at the end."""
     observer: SseObserver | None = None
     rename: ModelRename | None = None
     """The client's model name back in the answer, where the engine was sent another (an alias)."""
@@ -123,14 +127,16 @@ class Picker:
         ex = Exchange(request_id=headers.get("x-request-id", "")[:128] or "-", api=protocol.api, path=protocol.path)
         if arrived is not None:
             ex.started = arrived
+        progress = _Progress()
         try:
-            return await self._pick(ex, protocol, headers, raw, subset)
-        except GatewayError as err:
-            ex.status = protocol.error_status(err)
-            ex.outcome = "overloaded" if isinstance(err, Overloaded | NoHealthyBackend) else "rejected_4xx"
-            if ex.status >= 500 and ex.outcome != "overloaded":
-                ex.outcome = "upstream_error_before_first_byte"
-            self._gw.accounting.finish(ex)
+            return await self._pick(ex, protocol, headers, raw, subset, progress)
+        except BaseException as err:
+            if isinstance(err, GatewayError):
+                ex.status = protocol.error_status(err)
+                ex.outcome = _outcome_for(err, ex.status)
+                self._gw.accounting.finish(ex)
+            # A budget hold taken before the refusal (or before the client left) is given back.
+            self._gw.access.account(progress.client, None, 0, 0, progress.held)
             raise
 
     async def _pick(
@@ -140,9 +146,10 @@ class Picker:
         headers: Mapping[str, str],
         raw: bytes,
         subset: frozenset[str] | None,
+        progress: _Progress,
     ) -> Pick:
         gw = self._gw
-        client = gw.access.authenticate(headers.get("authorization"), headers.get("x-api-key"))
+        client = progress.client = gw.access.authenticate(headers.get("authorization"), headers.get("x-api-key"))
         limit = gw.config.limits.max_body_bytes
         if len(raw) > limit:
             raise PayloadTooLarge(f"The request body is larger than the {limit}-byte limit.")
@@ -171,8 +178,10 @@ class Picker:
         try:
             ex.pool, ex.rule = plan.pool, plan.rule
             ticket = gw.admission.ticket(client, route, headers, estimate, inbound.max_tokens)
-            held = await gw.access.hold(client, estimate, gw.admission.output_tokens(inbound.max_tokens))
-            backends, plan, _ = await gw.admission.admit(plan, route.label, ticket)
+            held = progress.held = await gw.access.hold(
+                client, estimate, gw.admission.output_tokens(inbound.max_tokens)
+            )
+            backends, plan, queued = await gw.admission.admit(plan, route.label, ticket)
             if subset is not None:
                 backends = [b for b in backends if await self._address(b) in subset]
                 if not backends:
@@ -221,6 +230,7 @@ class Picker:
             client=client,
             held=held,
             count=count,
+            ticket=ticket if queued else None,
         )
         if ex.served_model is not None:
             pick.rename = ModelRename(ex.served_model, inbound.model)
@@ -298,6 +308,25 @@ class Picker:
         gw.access.account(pick.client, usage, ex.prompt_estimate, ex.streamed_tokens, pick.held)
         if outcome == "success" and usage is not None and pick.count is not NO_PROMPT:
             gw.caps.learn(pick.count, prompt_tokens(usage))
+        if pick.ticket is not None:
+            gw.admission.settle(ex.pool, pick.ticket, usage)
+
+
+@dataclass
+class _Progress:
+    """What a pick has taken so far, for the refusal path to give back."""
+
+    client: ClientKey | None = None
+    held: BudgetHold | None = None
+
+
+def _outcome_for(err: GatewayError, status: int) -> Outcome:
+    """A refusal's outcome, as `gateway serve` counts it."""
+    if isinstance(err, RateLimited):
+        return "rejected_4xx"  # the client's own quota, not the gateway's capacity
+    if isinstance(err, Overloaded | NoHealthyBackend) or status in (429, 529):
+        return "overloaded"
+    return "rejected_4xx" if status < 500 else "upstream_error_before_first_byte"
 
 
 def _usage(protocol: ProtocolAdapter, raw: bytes) -> dict[str, Any] | None:

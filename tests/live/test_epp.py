@@ -386,3 +386,49 @@ def test_the_shipped_config_is_valid_for_this_envoy() -> None:
         ["envoy", "--mode", "validate", "-c", str(SHIPPED)], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.fixture(scope="module")
+def keyed(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EppStack]:
+    """A second `gateway epp` (and its Envoy) on the same engines, with a client key of 2 requests a minute."""
+    config = dict(stack.epp.config)
+    config["keys"] = [{"name": "team", "key": "sk-team-epp", "requests_per_minute": 2}]
+    epp = EppStack(tmp_path_factory.mktemp("epp-keyed"), config)
+    try:
+        epp.start_epp()
+        epp.start_envoy()
+        yield epp
+    finally:
+        epp.stop()
+
+
+@pytest.mark.parametrize(("path", "shape"), [("/v1/chat/completions", "openai"), ("/v1/messages", "anthropic")])
+def test_a_missing_key_is_a_401_in_the_protocols_shape(stack: Stack, keyed: EppStack, path: str, shape: str) -> None:
+    before = stack.generations()
+    r = httpx.post(keyed.url() + path, json=chat(), headers={"authorization": "Bearer sk-wrong"}, timeout=30)
+    assert r.status_code == 401, r.text
+    body = r.json()
+    if shape == "openai":
+        assert body["error"]["code"] == "invalid_api_key", body
+    else:
+        assert body["type"] == "error" and body["error"]["type"] == "authentication_error", body
+    assert "sk-wrong" not in r.text
+    assert stack.generations() == before
+
+
+def test_a_key_reaches_no_engine_and_its_limit_is_a_429(stack: Stack, keyed: EppStack) -> None:
+    """The client's key is the gateway's, never the engine's: Envoy forwards the request without it.
+    Past its requests_per_minute the key gets a 429 with Retry-After, from Envoy, in the protocol's shape."""
+    auth = {"authorization": "Bearer sk-team-epp"}
+    for _ in range(2):
+        before = stack.generations()
+        r = httpx.post(keyed.url() + "/v1/chat/completions", json=chat(), headers=auth, timeout=30)
+        assert r.status_code == 200, r.text
+        [(_, [record])] = new_requests(before, stack.generations()).items()
+        assert "sk-team-epp" not in json.dumps(record["headers"]), record["headers"]
+    before = stack.generations()
+    r = httpx.post(keyed.url() + "/v1/chat/completions", json=chat(), headers=auth, timeout=30)
+    assert r.status_code == 429, r.text
+    assert int(r.headers["retry-after"]) >= 1
+    assert r.json()["error"]["code"] == "rate_limit_exceeded"
+    assert stack.generations() == before
