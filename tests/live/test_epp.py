@@ -68,7 +68,14 @@ def _answers(url: str) -> bool:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    sims = {"e0": free_port(), "e1": free_port(), "f0": free_port(), "f1": free_port(), "s0": free_port()}
+    sims = {
+        "e0": free_port(),
+        "e1": free_port(),
+        "f0": free_port(),
+        "f1": free_port(),
+        "s0": free_port(),
+        "d0": free_port(),
+    }
 
     def pool(*names: str) -> dict[str, Any]:
         return {
@@ -77,17 +84,20 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             "backends": [{"url": f"http://127.0.0.1:{sims[n]}", "name": n} for n in names],
         }
 
+    found = pool("d0")
+    found["backends"] = [{"url": f"http://localhost:{sims['d0']}", "name": "d", "discover": True}]
     solo = pool("s0")
     solo["backends"][0]["max_in_flight"] = 1
     config = {
-        "pools": {"engines": pool("e0", "e1"), "flaky": pool("f0", "f1"), "solo": solo},
+        "pools": {"engines": pool("e0", "e1"), "flaky": pool("f0", "f1"), "solo": solo, "found": found},
         "routes": [
             {
                 "model": "tiny",
-                "pools": ["engines", "flaky", "solo"],
+                "pools": ["engines", "flaky", "solo", "found"],
                 "rules": [
                     {"when": {"header": {"x-pool": "flaky"}}, "pool": "flaky"},
                     {"when": {"header": {"x-pool": "solo"}}, "pool": "solo"},
+                    {"when": {"header": {"x-pool": "found"}}, "pool": "found"},
                     {"pool": "engines"},
                 ],
                 "caps": {"max_context_tokens": CAP, "on_exceed": "reject"},
@@ -202,6 +212,19 @@ def test_a_body_mode_that_would_send_the_request_before_the_pick_is_refused(stac
     assert r.status_code == 500, r.text
     assert r.json()["error"]["code"] == "epp_body_mode"
     assert stack.generations() == before
+
+
+def test_a_backend_found_through_dns_is_picked_by_its_address(stack: Stack) -> None:
+    """A `discover: true` backend (the host name's addresses, each a member: here localhost's) is
+    sent to Envoy as the address it resolved to, and the engine there answers."""
+    port = stack.sims["d0"]
+    seen = httpx.get(f"http://127.0.0.1:{port}/sim/stats").json()["seen"]
+    r = httpx.post(stack.url + "/v1/chat/completions", json=chat(), headers={"x-pool": "found"}, timeout=30)
+    assert r.status_code == 200, r.text
+    assert r.headers["x-gateway-backend"] == "d-127.0.0.1"
+    assert httpx.get(f"http://127.0.0.1:{port}/sim/stats").json()["seen"] == seen + 1
+    wanted = f"upstream=127.0.0.1:{port} epp=127.0.0.1:{port}"
+    wait_until(lambda: any(wanted in line for line in stack.epp.access_log()), "envoy's log line")
 
 
 def test_a_full_backend_makes_the_next_request_wait_for_its_slot(stack: Stack) -> None:
