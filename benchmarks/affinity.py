@@ -1,7 +1,21 @@
-"""Prefix-cache hit rate of the gateway's `prefix_affinity` balancer against `round_robin` and an
-oracle, on two REAL vLLM CPU replicas with prefix caching (docs/routing-benchmark.md).
+"""Prefix-cache hit rate of the gateway's `prefix_affinity` and `kv_events` balancers against
+`round_robin` and an oracle, on two REAL vLLM CPU replicas with prefix caching
+(docs/routing-benchmark.md).
 
-    GATEWAY_CI_CACHE=/tmp/gwci-cold python benchmarks/affinity.py [--conversations 25] [--turns 4]
+    python benchmarks/affinity.py [--conversations 25] [--turns 4]
+    python benchmarks/affinity.py --policies round_robin,prefix_affinity,kv_events,oracle \
+        --concurrency 8,32 --gateways 2 --skew zipf --json FILE
+
+`--gateways N` puts N gateways (same config, each its own routing memory and its own KV-event
+subscriptions) over the same replicas, the client alternating between them request by request.
+`--skew zipf` draws `--requests` requests (default 8 x conversations) from the conversations with
+weight 1/rank^s (`--zipf-s`, default 1) with scripted assistant turns (Workload.skew). Both
+replicas always publish KV events (`--kv-events-config`), so every policy runs on the same engines.
+Requests stream, for TTFT; `--json FILE` gets one row per policy and concurrency (policy,
+concurrency, hit_rate, ratio_to_oracle, max_mean_inflight, ttft_p50_s, ttft_p90_s, and the raw
+counts), and a record goes to benchmarks/results/ (`--no-record`: none).
+
+What follows describes the default workload (`--skew none`).
 
 Workload: N multi-turn conversations. Each opens with a shared system prompt and a conversation-own
 preamble (~440 tokens in all), and each turn appends the previous answer (max_tokens, ignore_eos) and
@@ -19,9 +33,11 @@ directly.
 
 Hit rate = delta vllm:prefix_cache_hits_total / delta vllm:prefix_cache_queries_total summed over the
 replicas (cross-checked against the responses' usage.prompt_tokens_details.cached_tokens). In-flight
-balance = the gateway's per-backend in-flight count sampled every few ms during the run: max over
-replicas of the time-averaged count / mean over replicas. Targets: prefix_affinity >= 0.9 x oracle,
->= 2 x round_robin, and max/mean in-flight <= 1.3 (at c > 1). Exit status 1 when one is missed.
+balance = the gateways' per-backend in-flight counts (summed over the gateways) sampled every few ms
+during the run: max over replicas of the time-averaged count / mean over replicas. Targets:
+prefix_affinity >= 0.9 x oracle, >= 2 x round_robin, and max/mean in-flight <= 1.3 (at c > 1);
+where kv_events runs, its own instead: >= 0.95 x oracle, max/mean in-flight <= 1.2, TTFT p90 below
+prefix_affinity's. Exit status 1 when one is missed.
 Method, figures and what they mean: docs/routing-benchmark.md.
 """
 
@@ -47,6 +63,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout: the engine launcher lives in tests/
 
+from benchmarks import record  # noqa: E402
 from gateway.config import SharedPrefixConfig  # noqa: E402
 from gateway.policy.kv import kv_spec_from_hf_config  # noqa: E402
 from gateway.policy.prefix import canonical_prompt  # noqa: E402
@@ -62,6 +79,8 @@ WORDS = CORPUS.split()  # the tiny model's BPE was trained on CORPUS: ~2.8 chara
 TARGET_VS_ORACLE = 0.9
 TARGET_VS_ROUND_ROBIN = 2.0
 TARGET_IMBALANCE = 1.3
+TARGET_KV_VS_ORACLE = 0.95
+TARGET_KV_IMBALANCE = 1.2
 
 
 # ---------------------------------------------------------------------------------------------- workload
@@ -77,6 +96,16 @@ class Workload:
     """Each later user message; with the previous answer and the template, ~70 tokens a turn."""
     max_tokens: int = 16
     seed: int = 4
+    skew: str = "none"
+    """`none`: every conversation runs `turns` turns, each turn waiting for the model's previous
+    answer. `zipf`: `requests` requests, each drawn from the conversations with probability
+    1/rank^zipf_s; the assistant turns are scripted (so every policy is sent the same prompts
+    whatever the timing), and one conversation's requests may overlap."""
+    zipf_s: float = 1.0
+    requests: int = 0
+    """zipf: requests in all (0: 8 x conversations)."""
+    reply_chars: int = 80
+    """zipf: each scripted assistant turn."""
 
 
 def _text(rng: random.Random, chars: int) -> str:
@@ -107,6 +136,34 @@ def follow_up(w: Workload, conv: int, turn: int) -> dict[str, str]:
     return {"role": "user", "content": f"Turn {turn} of {conv:03d}: " + _text(rng, w.turn_chars - 16)}
 
 
+def scripted_reply(w: Workload, conv: int, turn: int) -> dict[str, str]:
+    rng = random.Random(f"{w.seed}-conv-{conv}-reply-{turn}")
+    return {"role": "assistant", "content": _text(rng, w.reply_chars)}
+
+
+def scripted_turn(w: Workload, conv: int, turn: int) -> list[dict[str, str]]:
+    """The messages of a conversation's turn `turn` (0-based) with scripted assistant turns: every
+    earlier turn's messages, then its own user message."""
+    messages = opening(w, conv)
+    for t in range(1, turn + 1):
+        messages += [scripted_reply(w, conv, t), follow_up(w, conv, t + 1)]
+    return messages
+
+
+def zipf_schedule(w: Workload) -> list[tuple[int, int]]:
+    """(conversation, turn) per request: conversation k (rank k+1) drawn with weight 1/(k+1)^s; its
+    n-th request is its turn n mod `turns`, so a popular conversation's turns repeat (several users
+    walking the same session) and its prompts stay within max_model_len."""
+    rng = random.Random(f"{w.seed}-zipf")
+    weights = [1.0 / (k + 1) ** w.zipf_s for k in range(w.conversations)]
+    seen: Counter[int] = Counter()
+    out = []
+    for conv in rng.choices(range(w.conversations), weights, k=w.requests or 8 * w.conversations):
+        out.append((conv, seen[conv] % w.turns))
+        seen[conv] += 1
+    return out
+
+
 # ---------------------------------------------------------------------------------------------- results
 @dataclass
 class RunResult:
@@ -127,6 +184,32 @@ class RunResult:
     """Turns sent to a different backend than the conversation's previous turn."""
     conversations_per_backend: dict[str, int] = field(default_factory=dict)
     """Where each conversation's last turn went."""
+    ttft_s: list[float] = field(default_factory=list)
+    """Time to the first streamed chunk of each request, as the client saw it."""
+    reasons: dict[str, int] = field(default_factory=dict)
+    """The balancer's reasons (x-gateway-balancer's second word: sticky, spill, hash...), counted."""
+    gateways: int = 1
+    gateway_cpu_ms: float | None = None
+    """CPU time of the gateways' event-loop threads per request (ms): routing, the match's
+    /tokenize round trip and the KV events' decoding included."""
+
+    forgone_blocks: int = 0
+    """kv_events: blocks the longest holder had beyond the chosen backend, summed over the requests
+    (x-gateway-balancer's `blocks`): the hits a spill gave up at decision time."""
+    predicted_cached: float | None = None
+    served_cached: float | None = None
+    tokenize_p50_s: float | None = None
+    tokenize_p90_s: float | None = None
+    """A /tokenize round trip to the replicas (what the kv_events match makes before routing),
+    sampled every 0.1 s during the run, whatever the policy."""
+    """kv_events: the prompt tokens the gateways' indexes predicted cached on the backend they chose,
+    and what the engines reported serving from cache for the same requests (gateway metrics)."""
+
+    def ttft(self, q: float) -> float | None:
+        if not self.ttft_s:
+            return None
+        ordered = sorted(self.ttft_s)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
     @property
     def hit_rate(self) -> float:
@@ -176,58 +259,159 @@ class InFlightSampler:
         return {n: self._peaks[n] for n in names}
 
 
+def cpu_seconds(tid: int, pid: int | str = "self") -> float:
+    """utime + stime of a thread (/proc/PID/task/TID) or, with tid 0, of a process (/proc/PID)."""
+    path = f"/proc/{pid}/task/{tid}/stat" if tid else f"/proc/{pid}/stat"
+    fields = Path(path).read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class TokenizeProbe:
+    """Times a POST /tokenize (the kv_events match's call) to each replica in turn every `interval` s
+    while a run goes: what the match's round trip costs under that run's load."""
+
+    def __init__(self, base_urls: Sequence[str], messages: list[dict[str, str]], interval: float = 0.1) -> None:
+        self._urls = base_urls
+        self._body = {"model": MODEL, "messages": messages}
+        self._interval = interval
+        self._stop = threading.Event()
+        self.times: list[float] = []
+        self._thread = threading.Thread(target=self._run, name="tokenize-probe", daemon=True)
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=30) as client:
+            n = 0
+            while not self._stop.is_set():
+                start = time.perf_counter()
+                r = client.post(f"{self._urls[n % len(self._urls)]}/tokenize", json=self._body)
+                if r.status_code == 200:
+                    self.times.append(time.perf_counter() - start)
+                n += 1
+                self._stop.wait(self._interval)
+
+    def __enter__(self) -> TokenizeProbe:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=35)
+
+    def quantile(self, q: float) -> float | None:
+        ordered = sorted(self.times)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else None
+
+
 def prefix_counters(metrics_urls: Sequence[str]) -> tuple[float, float]:
     return (sum(engine_metric(u, HITS) for u in metrics_urls), sum(engine_metric(u, QUERIES) for u in metrics_urls))
 
 
+@dataclass
+class Reply:
+    status: int
+    headers: httpx.Headers
+    content: str
+    usage: dict[str, Any]
+    ttft_s: float | None
+    text: str = ""
+
+
+def forgone(explanation: str, backend: str) -> int:
+    """From `kv_events REASON PICK; blocks r0:3,r1:0 of 5; load ...`: the longest holder's blocks
+    less the chosen backend's (0 when the header says nothing)."""
+    _, found, rest = explanation.partition("; blocks ")
+    if not found:
+        return 0
+    matched = dict(part.split(":") for part in rest.split(" of ")[0].split(","))
+    return max(int(v) for v in matched.values()) - int(matched.get(backend, 0))
+
+
+def send(client: httpx.Client, url: str, body: dict[str, Any]) -> Reply:
+    """POST a streamed chat request; the time to its first chunk (the first token), its text, its usage."""
+    streamed = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    start = time.perf_counter()
+    with client.stream("POST", f"{url}/chat/completions", json=streamed) as r:
+        if r.status_code != 200:
+            return Reply(r.status_code, r.headers, "", {}, None, r.read().decode(errors="replace"))
+        ttft, parts, usage = None, [], {}
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("choices"):
+                if ttft is None:
+                    ttft = time.perf_counter() - start
+                parts += [(c.get("delta") or {}).get("content") or "" for c in chunk["choices"]]
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+        return Reply(200, r.headers, "".join(parts), usage, ttft)
+
+
 def drive(
     label: str,
-    v1_url: str,
+    v1_urls: Sequence[str],
     engine_metrics_urls: Sequence[str],
     w: Workload,
     concurrency: int,
     probe: Callable[[], dict[str, int]] | None = None,
     backend_names: Sequence[str] = (),
-    timeout: float = 120.0,
+    timeout: float = 300.0,
 ) -> RunResult:
-    """Send the workload (interleaved turns, `concurrency` workers) to `v1_url` and measure."""
-    result = RunResult(label)
+    """Send the workload with `concurrency` workers, request i to `v1_urls[i % len]`, and measure.
+    skew none: interleaved turns (turn t of every conversation, then turn t+1), each turn carrying
+    the model's previous answer; zipf: the schedule's requests in order, scripted assistant turns."""
+    result = RunResult(label, gateways=len(v1_urls))
     hits0, queries0 = prefix_counters(engine_metrics_urls)
     convs = [opening(w, c) for c in range(w.conversations)]
     last_backend: dict[int, str] = {}
     lock = threading.Lock()
+    sent = iter(range(1 << 62))
+    zipf = w.skew == "zipf"
+    last_turn = w.turns - 1
 
     def one(client: httpx.Client, conv: int, turn: int) -> None:
-        body = {"model": MODEL, "messages": convs[conv], "max_tokens": w.max_tokens, "ignore_eos": True}
-        r = client.post(f"{v1_url}/chat/completions", json=body)
+        messages = scripted_turn(w, conv, turn) if zipf else convs[conv]
+        body = {"model": MODEL, "messages": messages, "max_tokens": w.max_tokens, "ignore_eos": True}
+        with lock:
+            url = v1_urls[next(sent) % len(v1_urls)]
+        r = send(client, url, body)
         with lock:
             result.requests += 1
-            if r.status_code != 200:
+            if r.status != 200:
                 result.errors += 1
-                raise RuntimeError(f"{label}: conversation {conv} turn {turn}: HTTP {r.status_code} {r.text[:300]}")
-            data = r.json()
-            usage = data["usage"]
-            result.usage_prompt += usage["prompt_tokens"]
+                raise RuntimeError(f"{label}: conversation {conv} turn {turn}: HTTP {r.status} {r.text[:300]}")
+            usage = r.usage
+            result.usage_prompt += usage.get("prompt_tokens") or 0
             result.usage_cached += (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+            if r.ttft_s is not None:
+                result.ttft_s.append(r.ttft_s)
+            explanation = r.headers.get("x-gateway-balancer", "")
+            why = explanation.split(" ")
+            if len(why) > 1:
+                result.reasons[why[1]] = result.reasons.get(why[1], 0) + 1
             backend = r.headers.get("x-gateway-backend", "direct")
+            result.forgone_blocks += forgone(explanation, backend)
             result.per_backend[backend] = result.per_backend.get(backend, 0) + 1
             if conv in last_backend and last_backend[conv] != backend:
                 result.switches += 1
             last_backend[conv] = backend
-            if turn == w.turns - 1:
-                result.final_prompt_tokens.append(usage["prompt_tokens"])
-        if turn < w.turns - 1:
-            convs[conv].append({"role": "assistant", "content": data["choices"][0]["message"]["content"]})
+            if turn == last_turn and not zipf:
+                result.final_prompt_tokens.append(usage.get("prompt_tokens") or 0)
+        if turn < last_turn and not zipf:
+            convs[conv].append({"role": "assistant", "content": r.content})
             convs[conv].append(follow_up(w, conv, turn + 2))
 
     sampler = InFlightSampler(probe) if probe is not None else contextlib.nullcontext()
     start = time.monotonic()
     limits = httpx.Limits(max_connections=concurrency)
     with httpx.Client(timeout=timeout, limits=limits) as client, sampler, ThreadPoolExecutor(concurrency) as pool:
-        for turn in range(w.turns):  # interleaved: turn t of every conversation, then turn t+1
-            futures = [pool.submit(one, client, c, turn) for c in range(w.conversations)]
-            for f in futures:
+        if zipf:
+            for f in [pool.submit(one, client, c, t) for c, t in zipf_schedule(w)]:
                 f.result()
+        else:
+            for turn in range(w.turns):  # interleaved: turn t of every conversation, then turn t+1
+                for f in [pool.submit(one, client, c, turn) for c in range(w.conversations)]:
+                    f.result()
     result.seconds = time.monotonic() - start
     result.conversations_per_backend = dict(Counter(last_backend.values()))
     if isinstance(sampler, InFlightSampler):
@@ -245,15 +429,38 @@ def drive(
 
 
 # ---------------------------------------------------------------------------------------------- replicas
-def gateway_config(balancer: str, backends: Sequence[tuple[str, str]], epsilon: float | None = None) -> dict[str, Any]:
-    """One pool of the given (name, base_url) vLLM backends behind the route `tiny`."""
-    pool: dict[str, Any] = {
-        "engine": "vllm",
-        "balancer": balancer,
-        "backends": [{"name": n, "url": u, "model": MODEL} for n, u in backends],
-    }
+def events_config(pub: int, replay: int) -> str:
+    """vLLM's --kv-events-config: bind a PUB socket and a replay socket on these ports."""
+    return json.dumps(
+        {
+            "enable_kv_cache_events": True,
+            "publisher": "zmq",
+            "endpoint": f"tcp://*:{pub}",
+            "replay_endpoint": f"tcp://*:{replay}",
+            "topic": "kv",
+        }
+    )
+
+
+def gateway_config(
+    balancer: str,
+    backends: Sequence[tuple[str, str]],
+    epsilon: float | None = None,
+    events: Sequence[tuple[int, int]] = (),
+) -> dict[str, Any]:
+    """One pool of the given (name, base_url) vLLM backends behind the route `tiny`; `events` the
+    backends' (PUB, replay) ports, which a kv_events pool subscribes to."""
+    entries: list[dict[str, Any]] = [{"name": n, "url": u, "model": MODEL} for n, u in backends]
+    if balancer == "kv_events":
+        for entry, (pub, replay) in zip(entries, events, strict=True):
+            entry["kv_events"] = {
+                "endpoint": f"tcp://127.0.0.1:{pub}",
+                "replay_endpoint": f"tcp://127.0.0.1:{replay}",
+                "topic": "kv",
+            }
+    pool: dict[str, Any] = {"engine": "vllm", "balancer": balancer, "backends": entries}
     if epsilon is not None:
-        pool["affinity_epsilon"] = epsilon
+        pool["kv_epsilon" if balancer == "kv_events" else "affinity_epsilon"] = epsilon
     return {
         "health": {"interval_s": 2, "scrape_interval_s": 1},
         "pools": {"vllm": pool},
@@ -278,30 +485,51 @@ def kv_cache_info(metrics_url: str) -> dict[str, str]:
 
 
 def run_gateway_policy(
-    balancer: str, pair: Sequence[Any], w: Workload, concurrency: int, epsilon: float | None = None
+    balancer: str,
+    pair: Sequence[Any],
+    w: Workload,
+    concurrency: int,
+    epsilon: float | None = None,
+    gateways: int = 1,
+    events: Sequence[tuple[int, int]] = (),
 ) -> RunResult:
+    """`gateways` gateway replicas with the same config over the same engines, the client alternating
+    between them; each learns (prefix_affinity) or subscribes (kv_events) on its own."""
     for s in pair:
         reset_prefix_cache(s.base_url)
     names = [f"r{i}" for i in range(len(pair))]
     backends = list(zip(names, [s.base_url for s in pair], strict=True))
-    gw = GatewayThread(gateway_config(balancer, backends, epsilon)).start()
+    data = gateway_config(balancer, backends, epsilon, events)
+    started: list[GatewayThread] = []
     try:
-        registry = gw.gateway.registry
+        for _ in range(gateways):
+            started.append(GatewayThread(data).start())
+        registries = [gw.gateway.registry for gw in started]
         deadline = time.monotonic() + 30
-        while not all(registry.by_name[n].healthy for n in names):
+        while not all(reg.by_name[n].healthy for reg in registries for n in names):
             if time.monotonic() > deadline:
-                raise RuntimeError("the gateway did not see both replicas healthy")
+                raise RuntimeError("a gateway did not see every replica healthy")
             time.sleep(0.05)
 
-        def probe() -> dict[str, int]:
-            return {n: registry.by_name[n].in_flight for n in names}
+        def probe() -> dict[str, int]:  # an engine's in-flight requests: the sum over the gateways
+            return {n: sum(reg.by_name[n].in_flight for reg in registries) for n in names}
 
-        r = drive(balancer, gw.base_url + "/v1", [s.metrics_url for s in pair], w, concurrency, probe, names)
+        urls = [gw.base_url + "/v1" for gw in started]
+        threads = [gw.native_id for gw in started]
+        cpu0 = sum(cpu_seconds(t) for t in threads)
+        with TokenizeProbe([s.base_url for s in pair], opening(w, 0)) as tokenize:
+            r = drive(balancer, urls, [s.metrics_url for s in pair], w, concurrency, probe, names)
+        r.tokenize_p50_s, r.tokenize_p90_s = tokenize.quantile(0.5), tokenize.quantile(0.9)
+        r.gateway_cpu_ms = (sum(cpu_seconds(t) for t in threads) - cpu0) * 1000 / max(r.requests, 1)
+        if balancer == "kv_events":
+            r.predicted_cached = sum(gw.metric("gateway_kv_events_predicted_cached_tokens_total") for gw in started)
+            r.served_cached = sum(gw.metric("gateway_kv_events_served_cached_tokens_total") for gw in started)
         r.per_backend = {n: r.per_backend.get(n, 0) for n in names}  # a replica that got nothing shows 0
         r.conversations_per_backend = {n: r.conversations_per_backend.get(n, 0) for n in names}
         return r
     finally:
-        gw.stop()
+        for gw in started:
+            gw.stop()
 
 
 @contextlib.contextmanager
@@ -330,33 +558,91 @@ def replicas(specs: Sequence[dict[str, Any]]) -> Iterator[list[Any]]:
 ORACLE = "oracle"
 
 
+def _ratio(results: dict[tuple[str, int], RunResult], label: str, conc: int) -> float | None:
+    oracle = results.get((ORACLE, conc))
+    r = results[(label, conc)]
+    return r.hit_rate / oracle.hit_rate if oracle and oracle.hit_rate else None
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
 def table(results: dict[tuple[str, int], RunResult]) -> str:
     rows = [
         "| policy | concurrency | hit rate | ratio to oracle | max/mean in-flight | peak in-flight "
-        "| requests per replica | max/mean requests | conversations per replica (last turn) "
-        "| turns that changed replica | seconds |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| TTFT p50 s | TTFT p90 s | requests per replica | max/mean requests | balancer reasons "
+        "| turns that changed replica | predicted / served cached tokens | gateway CPU ms/request "
+        "| /tokenize under load p50 / p90 ms | seconds |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for (label, conc), r in results.items():
-        oracle = results.get((ORACLE, conc))
-        ratio = f"{r.hit_rate / oracle.hit_rate:.2f}" if oracle and oracle.hit_rate else "-"
-        imb = f"{r.imbalance:.2f}" if r.imbalance is not None else "-"
         peaks = " / ".join(str(v) for v in r.peak_in_flight.values()) or "-"
         per = " / ".join(str(v) for _, v in sorted(r.per_backend.items()))
         share = f"{max(r.per_backend.values()) * 2 / r.requests:.2f}" if label != ORACLE and r.requests else "-"
-        convs = " / ".join(str(v) for _, v in sorted(r.conversations_per_backend.items()))
+        reasons = ", ".join(f"{k} {v}" for k, v in sorted(r.reasons.items())) or "-"
         name = "oracle (1 replica, 2x KV)" if label == ORACLE else label
+        predicted = "-"
+        if r.predicted_cached is not None and r.served_cached is not None:
+            predicted = f"{r.predicted_cached:.0f} / {r.served_cached:.0f} ({r.forgone_blocks} blocks forgone)"
+        tokenize = "-"
+        if r.tokenize_p50_s is not None and r.tokenize_p90_s is not None:
+            tokenize = f"{r.tokenize_p50_s * 1000:.1f} / {r.tokenize_p90_s * 1000:.1f}"
         rows.append(
-            f"| {name} | {conc} | {r.hit_rate:.3f} | {ratio} | {imb} | {peaks} | {per} | {share} | {convs} "
-            f"| {r.switches} | {r.seconds:.1f} |"
+            f"| {name} | {conc} | {r.hit_rate:.3f} | {_fmt(_ratio(results, label, conc), '.2f')} "
+            f"| {_fmt(r.imbalance, '.2f')} | {peaks} | {_fmt(r.ttft(0.5), '.3f')} | {_fmt(r.ttft(0.9), '.3f')} "
+            f"| {per} | {share} | {reasons} | {r.switches} | {predicted} | {_fmt(r.gateway_cpu_ms, '.2f')} "
+            f"| {tokenize} | {r.seconds:.1f} |"
         )
     return "\n".join(rows)
+
+
+def rows(results: dict[tuple[str, int], RunResult]) -> list[dict[str, Any]]:
+    """The --json file: one row per (policy, concurrency)."""
+    out = []
+    for (label, conc), r in results.items():
+        raw = asdict(r)
+        raw.pop("ttft_s")
+        out.append(
+            {
+                "policy": label,
+                "concurrency": conc,
+                "hit_rate": r.hit_rate,
+                "ratio_to_oracle": _ratio(results, label, conc),
+                "max_mean_inflight": r.imbalance,
+                "ttft_p50_s": r.ttft(0.5),
+                "ttft_p90_s": r.ttft(0.9),
+                **raw,
+            }
+        )
+    return out
 
 
 def check(results: dict[tuple[str, int], RunResult]) -> list[tuple[str, bool]]:
     out = []
     for conc in sorted({c for _, c in results}):
-        pa, rr, oracle = (results.get((k, conc)) for k in ("prefix_affinity", "round_robin", ORACLE))
+        pa, rr, kv, oracle = (results.get((k, conc)) for k in ("prefix_affinity", "round_robin", "kv_events", ORACLE))
+        if kv is not None:  # the kv_events policy's targets
+            if oracle:
+                ratio = kv.hit_rate / max(oracle.hit_rate, 1e-9)
+                out.append(
+                    (
+                        f"c={conc}: kv_events {kv.hit_rate:.3f} >= {TARGET_KV_VS_ORACLE} x oracle "
+                        f"{oracle.hit_rate:.3f} (ratio {ratio:.2f})",
+                        ratio >= TARGET_KV_VS_ORACLE,
+                    )
+                )
+            if kv.imbalance is not None and conc > 1:
+                out.append(
+                    (
+                        f"c={conc}: kv_events max/mean in-flight {kv.imbalance:.2f} <= {TARGET_KV_IMBALANCE}",
+                        kv.imbalance <= TARGET_KV_IMBALANCE,
+                    )
+                )
+            kv90, pa90 = kv.ttft(0.9), pa.ttft(0.9) if pa else None
+            if kv90 is not None and pa90 is not None:
+                out.append((f"c={conc}: kv_events TTFT p90 {kv90:.3f} s < prefix_affinity {pa90:.3f} s", kv90 < pa90))
+            continue
         if pa and oracle:
             out.append(
                 (
@@ -384,10 +670,54 @@ def check(results: dict[tuple[str, int], RunResult]) -> list[tuple[str, bool]]:
 
 
 def distinct_prefix_tokens(r: RunResult, w: Workload) -> int:
-    """The workload's distinct prefix tokens: every conversation's final prompt, with the shared system
-    prompt (~system_chars / 2.8 tokens, plus the template) counted once."""
+    """skew none: the workload's distinct prefix tokens: every conversation's final prompt, with the
+    shared system prompt (~system_chars / 2.8 tokens, plus the template) counted once."""
     shared = int(w.system_chars / 2.8) + 4
     return sum(r.final_prompt_tokens) - (len(r.final_prompt_tokens) - 1) * shared
+
+
+def distinct_zipf_tokens(w: Workload, base_url: str) -> tuple[int, int]:
+    """skew zipf: (distinct prefix tokens, conversations used): per conversation, the longest prompt
+    the schedule sends (each earlier turn is its prefix), counted by the engine's /tokenize, with
+    the shared system prompt counted once."""
+    longest: dict[int, int] = {}
+    for conv, turn in zipf_schedule(w):
+        longest[conv] = max(longest.get(conv, 0), turn)
+
+    def count(messages: list[dict[str, str]]) -> int:
+        r = httpx.post(f"{base_url}/tokenize", json={"model": MODEL, "messages": messages}, timeout=30)
+        r.raise_for_status()
+        return int(r.json()["count"])
+
+    shared = int(w.system_chars / 2.8) + 4
+    total = sum(count(scripted_turn(w, conv, turn)) for conv, turn in longest.items())
+    return total - (len(longest) - 1) * shared, len(longest)
+
+
+def tokenize_cost(server: Any, w: Workload, calls: int = 100) -> dict[str, float]:
+    """What the kv_events match's /tokenize costs on an idle replica, sequentially, for this
+    workload's prompts: the round trip as a client sees it (p50, p90) and the engine's API-server
+    process CPU per call."""
+    if w.skew == "zipf":
+        prompts = [scripted_turn(w, c, t) for c, t in zipf_schedule(w)]
+    else:
+        prompts = [opening(w, c) for c in range(w.conversations)]
+    times: list[float] = []
+    with httpx.Client(timeout=30) as client:
+        cpu0 = cpu_seconds(0, server.process.pid)
+        for i in range(calls):
+            body = {"model": MODEL, "messages": prompts[i % len(prompts)]}
+            start = time.perf_counter()
+            client.post(f"{server.base_url}/tokenize", json=body).raise_for_status()
+            times.append(time.perf_counter() - start)
+        cpu = cpu_seconds(0, server.process.pid) - cpu0
+    times.sort()
+    return {
+        "calls": calls,
+        "round_trip_p50_ms": times[len(times) // 2] * 1000,
+        "round_trip_p90_ms": times[int(0.9 * len(times))] * 1000,
+        "engine_cpu_ms_per_call": cpu * 1000 / calls,
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -406,11 +736,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--policies",
         default="prefix_affinity,round_robin,oracle",
-        help="comma-separated; `prefix_affinity@1.0` runs it with affinity_epsilon 1.0",
+        help="comma-separated (round_robin, prefix_affinity, kv_events, oracle, any balancer); "
+        "`prefix_affinity@1.0` runs it with affinity_epsilon 1.0, `kv_events@1.0` with kv_epsilon 1.0",
     )
-    p.add_argument("--epsilon", type=float, help="the pool's affinity_epsilon (default: the config default)")
-    p.add_argument("--json", type=Path, help="also write the raw results here")
+    p.add_argument(
+        "--epsilon", type=float, help="the pool's affinity_epsilon or kv_epsilon (default: the config default)"
+    )
+    p.add_argument("--gateways", type=int, default=1, help="gateway replicas over the same engines")
+    p.add_argument("--skew", choices=("none", "zipf"), default="none", help="how requests pick a conversation")
+    p.add_argument("--zipf-s", type=float, default=Workload.zipf_s, help="zipf: the exponent")
+    p.add_argument("--requests", type=int, default=0, help="zipf: requests in all (default 8 x conversations)")
+    p.add_argument("--json", type=Path, help="also write the rows (one per policy and concurrency) here")
     p.add_argument("--log-dir", type=Path, default=Path("/tmp/gateway-affinity-bench"))
+    record.add_arguments(p)
     args = p.parse_args(argv)
     w = Workload(
         conversations=args.conversations,
@@ -418,6 +756,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         system_chars=args.system_chars,
         preamble_chars=args.preamble_chars,
         max_tokens=args.max_tokens,
+        skew=args.skew,
+        zipf_s=args.zipf_s,
+        requests=args.requests,
     )
     levels = [int(x) for x in args.concurrency.split(",") if x]
     policies = [x for x in args.policies.split(",") if x]
@@ -428,14 +769,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     per_token = kv_spec_from_hf_config(load_hf_config(servers.engine_env()["TINY_HF_DIR"])).bytes_per_token
     args.log_dir.mkdir(parents=True, exist_ok=True)
     common = {"max_model_len": 2048, "max_num_seqs": max(levels)}
+    # Both replicas publish their KV events whatever the policy, so every policy runs on the same engines.
+    events = [(servers.free_port(), servers.free_port()) for _ in range(2)]
     pair_specs = [
         {
             **common,
             "kv_cache_memory_bytes": args.kv_tokens * per_token,
             "cpu_omp_threads_bind": str(i),
             "log_path": args.log_dir / f"replica-{i}.log",
+            "extra_args": ["--kv-events-config", events_config(pub, replay)],
         }
-        for i in range(2)
+        for i, (pub, replay) in enumerate(events)
     ]
     oracle_spec = {
         **common,
@@ -446,8 +790,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     want_oracle = ORACLE in policies
     gateway_policies = [x for x in policies if x != ORACLE]
     print(
-        f"workload: {w}; concurrency {levels}; KV {per_token} B/token, {args.kv_tokens} tokens "
-        f"({args.kv_tokens * per_token} B) per replica, oracle {2 * args.kv_tokens}",
+        f"workload: {w}; concurrency {levels}; {args.gateways} gateway(s); KV {per_token} B/token, "
+        f"{args.kv_tokens} tokens ({args.kv_tokens * per_token} B) per replica, oracle {2 * args.kv_tokens}",
         flush=True,
     )
     block = SharedPrefixConfig().block_chars
@@ -473,43 +817,78 @@ def main(argv: Sequence[str] | None = None) -> int:
             ),
             flush=True,
         )
+        zipf_distinct = distinct_zipf_tokens(w, pair[0].base_url) if w.skew == "zipf" else None
+        match = tokenize_cost(pair[0], w) if "kv_events" in gateway_policies else None
+        if match is not None:
+            print(
+                f"the match's POST /tokenize on an idle replica, {match['calls']} calls: round trip p50 "
+                f"{match['round_trip_p50_ms']:.1f} ms, p90 {match['round_trip_p90_ms']:.1f} ms; "
+                f"the engine's API server {match['engine_cpu_ms_per_call']:.2f} ms CPU a call",
+                flush=True,
+            )
         for conc in levels:
             for policy in gateway_policies:
                 balancer, _, eps = policy.partition("@")  # prefix_affinity@1.0: with affinity_epsilon 1.0
                 epsilon = float(eps) if eps else args.epsilon
-                r = results[(policy, conc)] = run_gateway_policy(balancer, pair, w, conc, epsilon)
-                print(f"c={conc} {policy}: hit rate {r.hit_rate:.3f} in {r.seconds:.1f} s", flush=True)
+                r = results[(policy, conc)] = run_gateway_policy(
+                    balancer, pair, w, conc, epsilon, args.gateways, events
+                )
+                print(
+                    f"c={conc} {policy}: hit rate {r.hit_rate:.3f}, TTFT p90 {_fmt(r.ttft(0.9), '.3f')} s "
+                    f"in {r.seconds:.1f} s",
+                    flush=True,
+                )
             if want_oracle:
                 o = started[2]
                 reset_prefix_cache(o.base_url)
-                r = results[(ORACLE, conc)] = drive(ORACLE, o.v1_url, [o.metrics_url], w, conc)
+                r = results[(ORACLE, conc)] = drive(ORACLE, [o.v1_url], [o.metrics_url], w, conc)
                 print(f"c={conc} oracle: hit rate {r.hit_rate:.3f} in {r.seconds:.1f} s", flush=True)
-    distinct = distinct_prefix_tokens(next(iter(results.values())), w)
+    if zipf_distinct is not None:
+        distinct, used = zipf_distinct
+        size = f"~{distinct} in the {used} conversations the schedule uses"
+    else:
+        distinct = distinct_prefix_tokens(next(iter(results.values())), w)
+        size = f"~{distinct}"
     print()
     print(table(results))
     print()
     print(
-        f"distinct prefix tokens of the workload ~{distinct}; each replica's KV {args.kv_tokens} tokens = "
+        f"distinct prefix tokens of the workload {size}; each replica's KV {args.kv_tokens} tokens = "
         f"{args.kv_tokens / distinct:.2f}x. Usage cross-check (sum cached_tokens / sum prompt_tokens): "
         + ", ".join(f"{k}@{c} {r.usage_cached / max(r.usage_prompt, 1):.3f}" for (k, c), r in results.items())
     )
     verdicts = check(results)
     for text, ok in verdicts:
         print(f"{'PASS' if ok else 'FAIL'}: {text}")
+    load1 = " ".join(f"{x:.1f}" for x in os.getloadavg())
     print(
-        f"total {time.monotonic() - t0:.0f} s; load average {load0} at the start, "
-        f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} at the end (timing figures suffer from other load)"
+        f"total {time.monotonic() - t0:.0f} s; load average {load0} at the start, {load1} at the end "
+        "(timing figures suffer from other load)"
     )
+    table_rows = rows(results)
     if args.json:
-        args.json.write_text(
-            json.dumps(
-                [
-                    {**asdict(r), "concurrency": c, "hit_rate": r.hit_rate, "imbalance": r.imbalance}
-                    for (_, c), r in results.items()
-                ],
-                indent=2,
-            )
-        )
+        args.json.write_text(json.dumps(table_rows, indent=2))
+    figures = {
+        f"{row['policy']}@{row['concurrency']}": {
+            k: row[k]
+            for k in ("hit_rate", "ratio_to_oracle", "max_mean_inflight", "ttft_p50_s", "ttft_p90_s", "gateway_cpu_ms")
+        }
+        for row in table_rows
+    }
+    record.write_if_asked(
+        args,
+        "affinity",
+        figures,
+        notes=f"load average {load0} at the start, {load1} at the end",
+        extra={
+            "workload": asdict(w),
+            "kv_tokens": args.kv_tokens,
+            "distinct_prefix_tokens": distinct,
+            "rows": table_rows,
+            "tokenize_cost": match,
+            "verdicts": [{"check": text, "ok": ok} for text, ok in verdicts],
+        },
+    )
     return 0 if all(ok for _, ok in verdicts) else 1
 
 

@@ -23,9 +23,9 @@ RESULTS = REPO / "benchmarks" / "results"
 FORMAT = 1
 
 
-def _git(*args: str) -> str:
+def _git(*args: str, tree: Path | None = None) -> str:
     try:
-        done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10)
+        done = subprocess.run(["git", *args], cwd=tree or REPO, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return ""
     return done.stdout.strip() if done.returncode == 0 else ""
@@ -67,10 +67,11 @@ def machine() -> dict[str, Any]:
     }
 
 
-def commit() -> str:
-    """`git rev-parse HEAD`, with "+dirty" when the gateway's or the benchmarks' sources have changes."""
-    head = _git("rev-parse", "HEAD") or "unknown"
-    dirty = _git("status", "--porcelain", "--", "gateway", "engines", "benchmarks", ":!benchmarks/results")
+def commit(tree: Path | None = None) -> str:
+    """`git rev-parse HEAD` of this checkout (or of `tree`, a benchmark that measured another one),
+    with "+dirty" when the gateway's or the benchmarks' sources have changes."""
+    head = _git("rev-parse", "HEAD", tree=tree) or "unknown"
+    dirty = _git("status", "--porcelain", "--", "gateway", "engines", "benchmarks", ":!benchmarks/results", tree=tree)
     return head + ("+dirty" if dirty else "")
 
 
@@ -93,12 +94,13 @@ def write(
     notes: str = "",
     extra: Mapping[str, Any] | None = None,
     directory: Path | None = None,
+    tree: Path | None = None,
 ) -> Path:
     """Write one run's record and return its path: `<date>-<benchmark>-<commit>.json`, with a number
     added when that name is taken (two runs on one day). `extra` adds fields of the benchmark's own
-    (its noise readings, say) beside the figures."""
+    (its noise readings, say) beside the figures; `tree`: the checkout measured, when not this one."""
     now = datetime.now(UTC).replace(microsecond=0)
-    head = commit()
+    head = commit(tree)
     record = {
         "format": FORMAT,
         "benchmark": benchmark,

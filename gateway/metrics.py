@@ -183,6 +183,26 @@ class GatewayMetrics:
             (*_REQ, "api", "stage"),
             registry=r,
         )
+        self.kv_predicted_tokens = LeanCounter(
+            "gateway_kv_events_predicted_cached_tokens",
+            "kv_events: prompt tokens the backend's KV events said it held when the request was routed "
+            "(answers that report cached_tokens only).",
+            ("pool", "backend"),
+            registry=r,
+        )
+        self.kv_served_tokens = LeanCounter(
+            "gateway_kv_events_served_cached_tokens",
+            "kv_events: prompt tokens the engine reports it served from its prefix cache, for the same answers.",
+            ("pool", "backend"),
+            registry=r,
+        )
+        self.kv_predictions = LeanCounter(
+            "gateway_kv_events_predictions",
+            "kv_events: answers by how the prediction compared with the engine's cached_tokens "
+            "(exact, over: predicted more, under).",
+            ("pool", "backend", "verdict"),
+            registry=r,
+        )
         self.wasted_tokens = LeanCounter(
             "gateway_disconnect_wasted_tokens", "Output tokens generated for clients that had left.", _REQ, registry=r
         )
@@ -241,6 +261,7 @@ class GatewayMetrics:
                 self.upstream_errors,
             ),
             *(self.client_disconnects, self.wasted_tokens, self.backend_up, self.backend_model),
+            *(self.kv_predicted_tokens, self.kv_served_tokens, self.kv_predictions),
             *(self.backend_load, self.scrape_age, self.rate_limited, self.limiter_up, self.limiter_errors),
             *(self.class_queue_wait, self.shed, self.budget_used),
         ]

@@ -30,7 +30,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.pipeline.accounting import Accounting
 from gateway.pipeline.admission import Admission
 from gateway.pipeline.attempts import Attempts
-from gateway.pipeline.endpoint import CompletionEndpoint
+from gateway.pipeline.endpoint import CompletionEndpoint, Stages
 from gateway.pipeline.enforcer import CapEnforcer
 from gateway.pipeline.lifecycle import Lifecycle
 from gateway.pipeline.prompt_tokens import PromptTokens
@@ -169,7 +169,7 @@ def build(
         accounting=accounting,
         admission=Admission(capacity, router, config.limits, metrics, config.sharing),
         relay=relay,
-        attempts=Attempts(capacity, passive, upstream, router, relay, metrics, accounting, config.retry.max_attempts),
+        attempts=Attempts(capacity, passive, upstream, router, relay, metrics, accounting),
         health=HealthChecker(registry, health_state, upstream, metrics, config.health),
         scraper=LoadScraper(registry, upstream, metrics, config.health),
         lifecycle=lifecycle,
@@ -203,25 +203,21 @@ def _variants(protocol: ProtocolAdapter, config: GatewayConfig) -> dict[str, Pro
 
 
 def _assemble(gw: Gateway) -> _Served:
-    endpoints = [
-        CompletionEndpoint(
-            protocol,
-            gw.config,
-            gw.access,
-            gw.router,
-            gw.caps,
-            gw.admission,
-            gw.attempts,
-            gw.relay,
-            gw.accounting,
-            gw.lifecycle,
-            gw.responses,
-            variants=_variants(protocol, gw.config),
-            tokens=gw.tokens,
-            tracing=gw.tracing,
-        )
-        for protocol in ENDPOINTS
-    ]
+    stages = Stages(
+        gw.config,
+        gw.access,
+        gw.router,
+        gw.caps,
+        gw.admission,
+        gw.attempts,
+        gw.relay,
+        gw.accounting,
+        gw.lifecycle,
+        gw.responses,
+        gw.tokens,
+        gw.tracing,
+    )
+    endpoints = [CompletionEndpoint(protocol, stages, _variants(protocol, gw.config)) for protocol in ENDPOINTS]
     stored = StoredResponses(gw.access, gw.responses, gw.registry, gw.upstream, gw.config.timeouts.first_byte_s)
     routes = Endpoints(
         gw.config, gw.registry, gw.metrics, gw.scraper, gw.lifecycle, gw.access, exemplars=gw.tracing.enabled

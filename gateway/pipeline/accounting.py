@@ -71,6 +71,8 @@ class Accounting:
             series.tokens("output", source).inc(completion - ex.streamed_tokens)
         if prompt and ex.sent_at is not None:
             series.tokens("prompt", "usage" if usage is not None else "estimated").inc(prompt)
+        if ex.predicted_cached is not None and usage is not None:
+            self._prediction(ex, ex.predicted_cached, usage)
         if obs is not None and obs.first_token_at is not None:
             series.fine(m.ttft).observe(obs.first_token_at - ex.started, exemplar)
             if obs.gaps or obs.together:
@@ -94,6 +96,20 @@ class Accounting:
                 f"backend={ex.backend_name} rule={ex.rule or '-'} status={ex.status} outcome={outcome} "
                 f"duration={duration:.4f} ttft={ttft} out_tokens={completion or 0}",
             )
+
+    def _prediction(self, ex: Exchange, predicted: int, usage: dict[str, Any]) -> None:
+        """The KV-event index's prediction against the prefix-cache hit the engine reports (its
+        usage's prompt_tokens_details.cached_tokens; vLLM gives it with --enable-prompt-tokens-details).
+        An answer without that figure is not compared."""
+        details = usage.get("prompt_tokens_details")
+        served = _int(details.get("cached_tokens")) if isinstance(details, dict) else None
+        if served is None:
+            return
+        m = self._m
+        m.child(m.kv_predicted_tokens, ex.pool, ex.backend_name).inc(predicted)
+        m.child(m.kv_served_tokens, ex.pool, ex.backend_name).inc(served)
+        verdict = "exact" if served == predicted else "over" if predicted > served else "under"
+        m.child(m.kv_predictions, ex.pool, ex.backend_name, verdict).inc()
 
 
 def prompt_tokens(usage: dict[str, Any] | None) -> int | None:

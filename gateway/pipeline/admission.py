@@ -12,12 +12,13 @@ from typing import Any
 
 from gateway.access.keys import ClientKey
 from gateway.access.limiter import tokens_of
-from gateway.config import LimitsConfig, RouteConfig, SharingConfig
+from gateway.config import LimitsConfig, SharingConfig
 from gateway.errors import NoHealthyBackend, Overloaded
 from gateway.fleet.capacity import Capacity
 from gateway.fleet.registry import Backend
 from gateway.metrics import GatewayMetrics
-from gateway.pipeline.router import Plan, Router
+from gateway.pipeline.context import Plan, Request
+from gateway.pipeline.router import Router
 from gateway.policy.fairqueue import Place, Ticket
 from gateway.policy.priority import CLASSES, PRIORITY_HEADER, request_rank
 
@@ -42,17 +43,11 @@ class Admission:
         self._output_estimate = sharing.output_estimate_tokens
         self._held_back = tuple(sharing.held_back(r) for r in range(len(CLASSES)))
 
-    def ticket(
-        self,
-        client: ClientKey | None,
-        route: RouteConfig,
-        headers: Mapping[str, str],
-        prompt: int,
-        max_tokens: int | None,
-    ) -> Ticket:
+    def ticket(self, client: ClientKey | None, request: Request, prompt: int) -> Ticket:
         """The request's class, flow, weight and estimated tokens, for the queue."""
-        header = headers.get(PRIORITY_HEADER)
-        cost = float(max(0, prompt) + self.output_tokens(max_tokens))
+        route = request.route
+        header = request.headers.get(PRIORITY_HEADER)
+        cost = float(max(0, prompt) + self.output_tokens(request.inbound.max_tokens))
         if client is None:
             return Ticket(request_rank(None, None, route.priority, header), ANONYMOUS, 1.0, max(cost, 1.0))
         rank = request_rank(client.priority, client.max_priority, route.priority, header)

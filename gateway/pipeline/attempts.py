@@ -9,7 +9,6 @@ import re
 import time
 from collections.abc import Sequence
 
-from gateway.asgi import Send
 from gateway.errors import (
     EngineError,
     GatewayError,
@@ -24,13 +23,13 @@ from gateway.fleet.registry import Backend
 from gateway.metrics import GatewayMetrics
 from gateway.pipeline import spans
 from gateway.pipeline.accounting import Accounting
+from gateway.pipeline.context import Candidate, Dispatch
 from gateway.pipeline.exchange import Exchange, Outcome
 from gateway.pipeline.headers import for_backend
-from gateway.pipeline.relay import IdleEnd, Relay
-from gateway.pipeline.router import Plan, Router
-from gateway.protocols.base import Inbound, ProtocolAdapter
+from gateway.pipeline.relay import Relay
+from gateway.pipeline.router import Router
+from gateway.protocols.base import Inbound
 from gateway.protocols.dropped import KNOWN_DROPPED
-from gateway.protocols.edits import Edits
 from gateway.tracing.base import AttemptSpan
 from gateway.upstream.client import UpstreamClient, UpstreamResponse, UpstreamTooLarge, error_kind
 
@@ -47,7 +46,6 @@ class Attempts:
         relay: Relay,
         metrics: GatewayMetrics,
         accounting: Accounting,
-        max_attempts: int,
     ) -> None:
         self._capacity = capacity
         self._health = health
@@ -56,28 +54,14 @@ class Attempts:
         self._relay = relay
         self._metrics = metrics
         self._accounting = accounting
-        self._max_attempts = max_attempts
 
-    async def run(
-        self,
-        ex: Exchange,
-        send: Send,
-        protocol: ProtocolAdapter,
-        inbound: Inbound,
-        edits: Edits,
-        model: str | None,
-        headers: dict[str, str],
-        plan: Plan,
-        order: Sequence[Backend],
-        owner: IdleEnd,
-    ) -> Outcome:
+    async def run(self, dispatch: Dispatch, ex: Exchange) -> Outcome:
         """The relayed answer's outcome; raises GatewayError when nothing could be relayed (the
         caller renders it)."""
         last_error: GatewayError | None = None
         bodies: dict[tuple[str | None, str], bytes] = {}
-        for tried, backend in enumerate(order):  # every pass either attempts or leaves the loop
-            if tried >= self._max_attempts:
-                break
+        for tried, candidate in enumerate(dispatch.candidates):  # (at most max_attempts of them)
+            backend = candidate.backend
             took_retry = False
             if tried > 0:
                 if not self._capacity.try_take_retry():
@@ -86,23 +70,25 @@ class Attempts:
                 took_retry = True
                 self._metrics.retries.labels(ex.route, ex.pool).inc()
             ex.backend, ex.backend_name = backend, backend.name
+            key = dispatch.plan.key
+            cached = key.cached if key is not None else None
+            ex.predicted_cached = cached.tokens(backend.name) if cached is not None else None
             gauge = self._accounting.in_flight(ex, backend)
             self._capacity.acquire(backend)
             gauge.inc(1)
-            sent, name = headers, ""
+            headers = sent = dispatch.headers
+            name = ""
             span: AttemptSpan | None = None
             trace = ex.trace
             if trace is not None:
                 if trace.recording:
-                    name = self._router.upstream_model(plan, backend, model, inbound.model) or inbound.model
+                    name = candidate.model or dispatch.request.inbound.model
                     span = spans.attempt(trace, ex, backend, tried, name)
                     sent = span.headers(headers)
                 else:  # not recorded: the engine is still told, so that it records nothing either
                     sent = trace.propagate(headers)
             try:
-                failed = await self._attempt(
-                    ex, send, protocol, inbound, edits, model, sent, plan, backend, tried == 0, bodies, owner
-                )
+                failed = await self._attempt(dispatch, ex, candidate, sent, bodies)
             except BaseException as exc:
                 if span is not None:
                     spans.attempt_raised(span, ex, exc)
@@ -121,31 +107,27 @@ class Attempts:
 
     async def _attempt(
         self,
+        dispatch: Dispatch,
         ex: Exchange,
-        send: Send,
-        protocol: ProtocolAdapter,
-        inbound: Inbound,
-        edits: Edits,
-        model: str | None,
+        candidate: Candidate,
         headers: dict[str, str],
-        plan: Plan,
-        backend: Backend,
-        first: bool,
         bodies: dict[tuple[str | None, str], bytes],
-        owner: IdleEnd,
     ) -> GatewayError | Outcome:
         """One attempt on `backend`: the outcome when it answered (an error it passed on is
-        raised), or the error that lets the next backend try."""
+        raised), or the error that lets the next backend try. `headers`: the dispatch's, with this
+        attempt's trace context; `bodies`: the bodies already encoded, by model name and path."""
+        request, backend, upstream_model = dispatch.request, candidate.backend, candidate.model
+        protocol, inbound = request.protocol, request.inbound
         target = protocol.target(inbound, backend.engine)
-        upstream_model = self._router.upstream_model(plan, backend, model, inbound.model)
         body = bodies.get((upstream_model, target.path))
         if body is None:
-            body = bodies[(upstream_model, target.path)] = protocol.encode(inbound, edits, upstream_model, target)
+            body = protocol.encode(inbound, dispatch.edits, upstream_model, target)
+            bodies[(upstream_model, target.path)] = body
         path = target.path
         if target.native and ex.query:
             path = f"{path}?{ex.query}"
         try:
-            if first:
+            if ex.sent_at is None:  # the first attempt
                 self._accounting.sent(ex)
             resp = await self._upstream.post(backend.url + path, body, for_backend(headers, backend), backend.name)
         except (UpstreamError, UpstreamTimeout) as exc:
@@ -162,7 +144,7 @@ class Attempts:
                 self._health.failure(backend, "status_429" if status == 429 else "status_5xx", penalise=status >= 500)
                 return error
             raise error
-        self._router.learn(plan, backend.name)
+        self._router.learn(dispatch.plan, backend.name)
         if inbound.dropped and not target.native:
             self._said_dropped(ex, inbound)
         if upstream_model is not None:  # an alias, a backend's `model:`, or a wildcard's rewrite
@@ -170,9 +152,9 @@ class Attempts:
             ex.headers.append((b"x-gateway-model", upstream_model.encode("latin-1", "replace")))
         try:
             if inbound.stream:
-                outcome = await self._relay.stream(ex, send, resp, protocol, inbound, edits, target, owner)
+                outcome = await self._relay.stream(dispatch, ex, resp, target)
             else:
-                outcome = await self._relay.body(ex, send, resp, protocol, inbound, target)
+                outcome = await self._relay.body(dispatch, ex, resp, target)
         except (UpstreamError, UpstreamTimeout) as exc:
             # The backend failed after its headers but before any byte reached the client
             # (defect 7): its failure, and another backend may still answer. A first-token

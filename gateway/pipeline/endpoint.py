@@ -14,6 +14,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping, MutableMapping
+from dataclasses import field
 from typing import Any
 
 from gateway.access.gate import AccessGate, BudgetHold
@@ -36,17 +37,19 @@ from gateway.pipeline import spans
 from gateway.pipeline.accounting import Accounting, prompt_tokens
 from gateway.pipeline.admission import Admission
 from gateway.pipeline.attempts import Attempts
+from gateway.pipeline.context import Dispatch, EndReason, Plan, Request, read
 from gateway.pipeline.enforcer import NO_PROMPT, CapEnforcer, PromptCount
 from gateway.pipeline.exchange import Exchange, Outcome
 from gateway.pipeline.headers import error_headers, upstream_headers
 from gateway.pipeline.lifecycle import Lifecycle
 from gateway.pipeline.prompt_tokens import PromptTokens
-from gateway.pipeline.relay import EndReason, Relay, StreamCut
-from gateway.pipeline.router import Plan, Router
+from gateway.pipeline.relay import Relay, StreamCut
+from gateway.pipeline.router import Router
 from gateway.policy.fairqueue import Ticket
 from gateway.protocols.base import Inbound, ProtocolAdapter
 from gateway.protocols.response_store import ResponseStore, not_found_body
 from gateway.tracing.base import NoTracing, RequestSpan, Tracing
+from gateway.value import value
 
 log = logging.getLogger(__name__)
 
@@ -68,42 +71,47 @@ class RequestEnd:
             self._task.cancel()
 
 
+@value
+class Stages:
+    """The parts that every endpoint of one gateway shares, built once by the composition root."""
+
+    config: GatewayConfig
+    access: AccessGate
+    router: Router
+    caps: CapEnforcer
+    admission: Admission
+    attempts: Attempts
+    relay: Relay
+    accounting: Accounting
+    lifecycle: Lifecycle
+    pins: ResponseStore = field(default_factory=ResponseStore)
+    """Which backend holds which stored answer (Responses ids); shared by the endpoints that use it."""
+    tokens: PromptTokens | None = None
+    """Token ids for the kv_events pools' cache match; None: no pool routes from KV events."""
+    tracing: Tracing = field(default_factory=NoTracing)
+
+
 class CompletionEndpoint:
     def __init__(
-        self,
-        protocol: ProtocolAdapter,
-        config: GatewayConfig,
-        access: AccessGate,
-        router: Router,
-        caps: CapEnforcer,
-        admission: Admission,
-        attempts: Attempts,
-        relay: Relay,
-        accounting: Accounting,
-        lifecycle: Lifecycle,
-        pins: ResponseStore | None = None,
-        variants: Mapping[str, ProtocolAdapter] | None = None,
-        tokens: PromptTokens | None = None,
-        tracing: Tracing | None = None,
+        self, protocol: ProtocolAdapter, stages: Stages, variants: Mapping[str, ProtocolAdapter] | None = None
     ) -> None:
         self.protocol = protocol
-        self._tracing: Tracing = tracing if tracing is not None else NoTracing()
+        self._tracing = stages.tracing
         # Route label -> the adapter that route gets instead (reasoning_content: copy); empty for most.
         self._variants: Mapping[str, ProtocolAdapter] = variants or {}
         self.path = protocol.path
-        self._config = config
-        self._access = access
-        self._router = router
-        self._caps = caps
-        self._admission = admission
-        self._attempts = attempts
-        self._relay = relay
-        self._accounting = accounting
-        self._lifecycle = lifecycle
-        self._tokens = tokens
-        """Token ids for the kv_events pools' cache match; None: no pool routes from KV events."""
-        self._pins = pins if pins is not None else ResponseStore()
-        """Which backend holds which stored answer (Responses ids); shared by the endpoints that use it."""
+        self._config = stages.config
+        self._access = stages.access
+        self._router = stages.router
+        self._caps = stages.caps
+        self._admission = stages.admission
+        self._attempts = stages.attempts
+        self._relay = stages.relay
+        self._accounting = stages.accounting
+        self._lifecycle = stages.lifecycle
+        self._tokens = stages.tokens
+        self._pins = stages.pins
+        self._balancers = {name: pool.balancer for name, pool in stages.config.pools.items()}
         # Request ids: a random per-endpoint prefix and a counter; os.urandom per request was a syscall.
         self._id_prefix = os.urandom(6).hex()
         self._id_counter = itertools.count(1)
@@ -134,6 +142,8 @@ class CompletionEndpoint:
         ticket: Ticket | None = None
         held: BudgetHold | None = None
         queued = False
+        outcome: Outcome | None = None
+        """What ended the request, decided below and recorded once, in `finally`."""
         decided: Plan | None = None
         """A kv_events plan whose decision still counts as pending load on its backend."""
         try:
@@ -164,27 +174,28 @@ class CompletionEndpoint:
                 gone.watch(left)
             else:
                 watcher = asyncio.create_task(_listen_for_disconnect(receive, ex, ending))
-            view = protocol.estimate_view(inbound)
-            estimate = self._caps.routing_estimate(route, inbound, view)
+            request = read(protocol, inbound, route, resolved.name, headers)
+            estimate = self._caps.routing_estimate(request)
             if inbound.pin is None:
                 ids = None
                 if self._tokens is not None and self._tokens.wanted(route):
-                    ids = await self._tokens.ids(route, resolved.name, view)
-                plan = self._router.plan(route, inbound, view, headers, estimate, resolved.name, ids)
+                    ids = await self._tokens.ids(route, resolved.name, request.view)
+                plan = self._router.plan(request, estimate, ids)
                 decided = plan
                 if plan.explanation is not None:
                     ex.headers.append((b"x-gateway-balancer", plan.explanation.encode("latin-1", "replace")))
             else:
-                plan = self._pinned(route, inbound, view, headers, estimate)
+                plan = self._pinned(request, estimate)
             ex.pool, ex.rule = plan.pool, plan.rule
-            ticket = self._admission.ticket(client, route, headers, estimate, inbound.max_tokens)
+            ticket = self._admission.ticket(client, request, estimate)
             held = await self._access.hold(client, estimate, self._admission.output_tokens(inbound.max_tokens))
             admit_start = time.perf_counter() if trace is not None else 0.0
             backends, plan, queued = await self._admission.admit(plan, route.label, ticket)
             if trace is not None and trace.recording:
-                spans.routed(trace, ex, inbound, plan, backends, self._config, admit_start, queued)
-            first = self._router.upstream_model(plan, backends[0], route.upstream_model, inbound.model)
-            cap_edits, count = await self._caps.apply(route, inbound, view, backends[0], first or inbound.model)
+                balancer = self._balancers.get(plan.pool, "none")
+                spans.routed(trace, inbound, plan, backends, balancer, admit_start if queued else None)
+            candidates = self._router.candidates(plan, backends, request, self._config.retry.max_attempts)
+            cap_edits, count = await self._caps.apply(request, candidates[0])
             ex.estimator_key, ex.prompt_chars, ex.prompt_messages = count.key, count.chars, count.messages
             ex.prompt_estimate, ex.prompt_exact = count.estimate, count.exact
             edits = protocol.base_edits(inbound).then(cap_edits)
@@ -192,25 +203,16 @@ class CompletionEndpoint:
             if decided is not None:  # the attempt takes its in_flight slot before it first awaits
                 self._router.started(decided)
                 decided = None
-            ex.outcome = await self._attempts.run(
-                ex,
-                send,
-                protocol,
-                inbound,
-                edits,
-                route.upstream_model,
-                upstream_headers(headers, ex.request_id),
-                plan,
-                backends,
-                ending,
-            )
+            upstream = upstream_headers(headers, ex.request_id)
+            dispatch = Dispatch(request, plan, candidates, edits, upstream, send, ending)
+            outcome = await self._attempts.run(dispatch, ex)
         except GatewayError as err:
-            ex.outcome = _outcome_for(err)
+            outcome = _outcome_for(err)
             if not ex.response_started:
                 await _send_error(send, protocol, err, ex)
         except Exception:  # a bug: still one error body and one outcome, never a bare traceback
             log.exception("request %s failed", ex.request_id)
-            ex.outcome = "internal_error"
+            outcome = "internal_error"
             if not ex.response_started:
                 bug = GatewayError("The gateway failed on this request.", code="internal_error")
                 await _send_error(send, protocol, bug, ex)
@@ -218,23 +220,24 @@ class CompletionEndpoint:
             # The one place that tells why a request was cancelled, and the only uncancel().
             if ending.reason == "client_left":
                 task.uncancel()
-                ex.outcome = "client_closed"
+                outcome = "client_closed"
             elif ending.reason == "idle_limit":
                 task.uncancel()
                 cut = StreamCut("timeout_idle", f"Backend {ex.backend_name} stalled mid-stream.")
                 try:
-                    ex.outcome = await self._relay.cut(ex, send, protocol, cut)
+                    outcome = await self._relay.cut(ex, send, protocol, cut)
                 except GatewayError as err:  # stalled before the client got its headers
-                    ex.outcome = _outcome_for(err)
+                    outcome = _outcome_for(err)
                     await _send_error(send, protocol, err, ex)
             elif self._lifecycle.draining:
                 # The drain deadline passed with this request still running: tell the client, once.
                 task.uncancel()
-                ex.outcome = "overloaded"
+                outcome = "overloaded"
                 await _send_shutdown(send, protocol, ex)
             else:
                 raise
         finally:
+            ex.outcome = outcome  # the only write: accounting and the access log read it
             if decided is not None:
                 self._router.started(decided)
             ending.finished = True
@@ -255,13 +258,14 @@ class CompletionEndpoint:
             if trace is not None and trace.recording:
                 spans.finish(trace, ex)
 
-    def _pinned(self, route: RouteConfig, inbound: Inbound, view: Any, headers: dict[str, str], estimate: int) -> Plan:
+    def _pinned(self, request: Request, estimate: int) -> Plan:
         """The plan of a request that names stored state: the one backend that holds it, or OpenAI's 404
         when no live backend of the route does (unknown id, forgotten past the bound, backend gone)."""
+        inbound = request.inbound
         assert inbound.pin is not None
-        plan = self._router.pinned(route, inbound, view, headers, self._pins.get(inbound.pin), estimate)
+        plan = self._router.pinned(request, self._pins.get(inbound.pin), estimate)
         if plan is None:
-            self._refuse_everywhere(route, inbound)
+            self._refuse_everywhere(request.route, inbound)
             body = not_found_body(_clip(inbound.pin, 200))["error"]
             raise NotFound(body["message"], param="previous_response_id", code=body["code"])
         if plan.saturated:

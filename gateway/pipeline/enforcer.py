@@ -14,6 +14,7 @@ from gateway.config import RouteConfig
 from gateway.errors import ContextLengthExceeded, GatewayError
 from gateway.fleet.registry import Backend
 from gateway.metrics import GatewayMetrics
+from gateway.pipeline.context import Candidate, Request
 from gateway.policy.caps import (
     PER_MESSAGE_TOKENS,
     CapDecision,
@@ -26,7 +27,6 @@ from gateway.policy.caps import (
     prompt_size,
     truncate_oldest,
 )
-from gateway.protocols.base import Inbound
 from gateway.protocols.edits import NO_EDITS, Edits
 from gateway.upstream.client import UpstreamClient
 from gateway.value import value
@@ -56,43 +56,26 @@ class CapEnforcer:
         self._metrics = metrics
         self._timeout_s = count_timeout_s
         self.estimator = TokenEstimator()
-        self._sized: tuple[Mapping[str, Any], tuple[int, int, int, int]] | None = None
-        """The last view measured and its size: routing_estimate and apply measure the same view
-        one after the other (a request with many tools paid str(tools) twice)."""
 
-    def _size(self, view: Mapping[str, Any]) -> tuple[int, int, int, int]:
-        sized = self._sized
-        if sized is not None and sized[0] is view:
-            return sized[1]
-        size = prompt_size(view)
-        self._sized = (view, size)
-        return size
-
-    def routing_estimate(self, route: RouteConfig, inbound: Inbound, view: Mapping[str, Any] | None) -> int:
+    def routing_estimate(self, request: Request) -> int:
         """The prompt-token estimate that prompt-size rules see, before a backend is chosen."""
-        if view is None:
+        if request.size is None:
             return 0
-        chars, messages, known, wide = self._size(view)
-        key = (route.label, route.upstream_model or inbound.model)
+        chars, messages, known, wide = request.size
+        key = (request.route.label, request.route.upstream_model or request.inbound.model)
         return self.estimator.estimate(key, chars, messages, known + wide)
 
-    async def apply(
-        self,
-        route: RouteConfig,
-        inbound: Inbound,
-        view: Mapping[str, Any] | None,
-        backend: Backend,
-        model: str | None = None,
-    ) -> tuple[Edits, PromptCount]:
-        """The cap's edits for this request on `backend` (asked about `model`, the name it is sent),
-        and the prompt's count; raises ContextLengthExceeded when it cannot be made to fit. The cap
-        is the route's or the backend's context window, whichever is smaller."""
-        if view is None:
+    async def apply(self, request: Request, candidate: Candidate) -> tuple[Edits, PromptCount]:
+        """The cap's edits for this request on the candidate's backend (asked about the name it is
+        sent), and the prompt's count; raises ContextLengthExceeded when it cannot be made to fit. The
+        cap is the route's or the backend's context window, whichever is smaller."""
+        view, size = request.view, request.size
+        if view is None or size is None:
             return NO_EDITS, NO_PROMPT
+        route, inbound, backend = request.route, request.inbound, candidate.backend
         caps = route.caps
-        chars, messages, known, wide = self._size(view)
-        self._sized = None  # its last use: the memo does not keep this body alive
-        model = model or backend.model or route.upstream_model or inbound.model
+        chars, messages, known, wide = size
+        model = candidate.model or inbound.model  # the name the backend is sent
         key = (route.label, model)
         estimate = self.estimator.estimate(key, chars, messages, known + wide)
         count = PromptCount(key, chars, messages, wide, estimate)
@@ -118,9 +101,7 @@ class CapEnforcer:
         edits = NO_EDITS
         if decision.action == "reject" or (cap is not None and prompt > cap):
             if caps.on_exceed == "truncate_oldest" and inbound.messages is not None and cap is not None:
-                edits, count, decision = await self._truncate(
-                    route, inbound, view, backend, model, prompt, method, window
-                )
+                edits, count, decision = await self._truncate(request, backend, model, prompt, method)
             else:
                 self._metrics.cap_actions.labels(route.label, "rejected", method).inc()
                 raise ContextLengthExceeded(decision.message, param="messages")
@@ -137,16 +118,10 @@ class CapEnforcer:
         return Edits(max_tokens=decision.max_tokens, headers=((b"x-gateway-max-tokens", value),))
 
     async def _truncate(
-        self,
-        route: RouteConfig,
-        inbound: Inbound,
-        view: Mapping[str, Any],
-        backend: Backend,
-        model: str,
-        prompt: int,
-        method: str,
-        window: int | None,
+        self, request: Request, backend: Backend, model: str, prompt: int, method: str
     ) -> tuple[Edits, PromptCount, CapDecision]:
+        route, inbound, view, window = request.route, request.inbound, request.view, backend.window
+        assert view is not None
         assert inbound.messages is not None
         cap = effective_cap(route.caps.max_context_tokens, window)
         assert cap is not None

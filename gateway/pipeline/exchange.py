@@ -67,6 +67,9 @@ class Exchange:
     """Output tokens already added to gateway_output_tokens_total while the stream was relayed."""
     trace: RequestSpan | None = None
     """The request's server span where tracing is on (pipeline/spans.py fills it in)."""
+    predicted_cached: int | None = None
+    """kv_events: the prompt tokens the attempt's backend held by its KV events when the request was
+    routed, to set beside the cached_tokens its answer reports; None: no prediction."""
 
     def reported_usage(self) -> dict[str, Any] | None:
         """The engine's usage: from the body, else from the stream's usage event."""

@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import json
 import time
-from typing import Final, Literal, Protocol
+from typing import Final
 
 from gateway.asgi import BODY_WRITER, ChunkWriter, Send
 from gateway.errors import EngineError, GatewayError, ShuttingDown, UpstreamError, UpstreamTimeout
@@ -16,18 +16,16 @@ from gateway.fleet.health import PassiveHealth
 from gateway.fleet.registry import Backend
 from gateway.metrics import GatewayMetrics
 from gateway.pipeline.accounting import Accounting, prompt_tokens
+from gateway.pipeline.context import Dispatch, IdleEnd
 from gateway.pipeline.exchange import Exchange, Outcome
 from gateway.pipeline.headers import SSE, response_headers
 from gateway.pipeline.lifecycle import Lifecycle
 from gateway.policy.caps import engine_truncated
-from gateway.protocols.base import Inbound, ProtocolAdapter, SseObserver, StreamTransform, Target
-from gateway.protocols.edits import Edits
+from gateway.protocols.base import ProtocolAdapter, SseObserver, StreamTransform, Target
 from gateway.protocols.events import DEFAULT_MAX_EVENT_BYTES, EventTooLarge
 from gateway.protocols.rename import ModelRename
 from gateway.upstream.client import UpstreamResponse
 
-EndReason = Literal["client_left", "idle_limit"]
-"""Why the request's owner ended a request early (the drain deadline comes from the server)."""
 _PING: Final = b": ping\n\n"
 _COUNT_EVERY: Final = 16
 """Stream tokens are added to the output counter in steps of this many chunks, not one by one."""
@@ -139,12 +137,6 @@ class Splice:
             self.relay_s += time.perf_counter() - t0
 
 
-class IdleEnd(Protocol):
-    """What the idle watch may call: the request owner's end(reason)."""
-
-    def end(self, reason: EndReason) -> None: ...
-
-
 class StreamCut(Exception):
     """The upstream stream ended without its final event; carries the outcome to record."""
 
@@ -179,16 +171,9 @@ class Relay:
         # headers at once, so a long prefill shows up as a wait for the first chunk.
         self._first_token_s = first_token_s
 
-    async def body(
-        self,
-        ex: Exchange,
-        send: Send,
-        resp: UpstreamResponse,
-        protocol: ProtocolAdapter,
-        inbound: Inbound,
-        target: Target,
-    ) -> Outcome:
+    async def body(self, dispatch: Dispatch, ex: Exchange, resp: UpstreamResponse, target: Target) -> Outcome:
         """Relay a whole answer; its outcome (the request's owner records it)."""
+        protocol, inbound, send = dispatch.request.protocol, dispatch.request.inbound, dispatch.send
         raw = await resp.read(max(self._idle_s, self._first_token_s), self._max_response_bytes)
         resp.release()
         if ex.trace is not None and ex.trace.recording:
@@ -229,21 +214,12 @@ class Relay:
         await send({"type": "http.response.body", "body": out, "more_body": False})
         return "success"
 
-    async def stream(
-        self,
-        ex: Exchange,
-        send: Send,
-        resp: UpstreamResponse,
-        protocol: ProtocolAdapter,
-        inbound: Inbound,
-        edits: Edits,
-        target: Target,
-        owner: IdleEnd,
-    ) -> Outcome:
+    async def stream(self, dispatch: Dispatch, ex: Exchange, resp: UpstreamResponse, target: Target) -> Outcome:
         """Relay a stream; its outcome (the request's owner records it). A client leaving, the idle
         limit and the drain deadline all arrive here as a cancellation from the request's owner,
         which knows why; this only closes the upstream."""
-        observer = protocol.observer(inbound, edits, target)
+        protocol, inbound, send = dispatch.request.protocol, dispatch.request.inbound, dispatch.send
+        observer = protocol.observer(inbound, dispatch.edits, target)
         observer.limit_events(self._max_event_bytes)
         transform = protocol.stream_transform(inbound, target)
         if transform is None and target.native and ex.served_model is not None:
@@ -253,7 +229,7 @@ class Relay:
         clock = time.perf_counter
         relay_s = 0.0
         chunks = 0
-        watch = IdleWatch(self._idle_s, owner, ex, resp, loop)
+        watch = IdleWatch(self._idle_s, dispatch.owner, ex, resp, loop)
         splice: Splice | None = None
         try:
             first = await self._first_chunk(ex, send, resp)

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 from gateway.config import GatewayConfig, RouteConfig
 from gateway.fleet.registry import Backend, Registry
 from gateway.metrics import GatewayMetrics
+from gateway.pipeline.context import Candidate, Plan, Request
 from gateway.policy.balancer import BalanceKey, Balancer, KVEvents, make_balancer
 from gateway.policy.cached_prefix import CachedPrefix
 from gateway.policy.models import ModelNames, Resolved, choose_pool, upstream_model
@@ -26,32 +27,6 @@ from gateway.policy.prefix import (
     session_key,
 )
 from gateway.policy.rules import Platform, RequestFacts
-from gateway.protocols.base import Inbound
-from gateway.value import value
-
-
-@value
-class Plan:
-    pool: str
-    rule: str
-    backends: list[Backend]
-    facts: RequestFacts
-    fingerprint: tuple[int, ...] = ()
-    key: BalanceKey | None = None
-    saturated: bool = False
-    """Healthy backends exist, but every one is at its max_in_flight: the request may queue."""
-    home: str | None = None
-    """Where the balancer's memory says this conversation lives (explicit input to learn())."""
-    model: str = ""
-    """The model name after aliases ("" = the client's)."""
-    only: tuple[str, ...] | None = None
-    """The pool's backends that serve the model, when not all of them do."""
-    wildcard: bool = False
-    """The route is a glob: a name the chosen backend does not serve is rewritten to the one it does."""
-    reserved: Backend | None = None
-    """kv_events: the backend whose `decided` count this plan holds until its attempt starts."""
-    explanation: str | None = None
-    """The balancer's account of its choice (x-gateway-balancer), where it gives one."""
 
 
 class CacheView(Protocol):
@@ -110,6 +85,11 @@ class Router:
             wildcard=plan.wildcard,
         )
 
+    def candidates(self, plan: Plan, backends: Sequence[Backend], request: Request, most: int) -> tuple[Candidate, ...]:
+        """The first `most` of `backends`, each with the model name it is sent: worked out once."""
+        route_upstream, requested = request.route.upstream_model, request.inbound.model
+        return tuple(Candidate(b, self.upstream_model(plan, b, route_upstream, requested)) for b in backends[:most])
+
     def balancer(self, pool: str) -> Balancer:
         """The pool's balancer (its routing memory), for inspection."""
         return self._balancers[pool]
@@ -119,46 +99,33 @@ class Router:
         return self._platform
 
     def facts(
-        self,
-        route: RouteConfig,
-        inbound: Inbound,
-        view: Mapping[str, Any] | None,
-        headers: dict[str, str],
-        prompt_tokens: int,
-        now: float,
-        model: str = "",
+        self, request: Request, prompt_tokens: int, now: float, model: str
     ) -> tuple[RequestFacts, tuple[int, ...]]:
         fp: tuple[int, ...] = ()
         shared = False
+        view = request.view
         if self._needs_prefix and view is not None:
             fp = fingerprint(canonical_prompt(view), self._config.routing.shared_prefix.block_chars)
             shared = self._tracker.observe(fp, now).shared
+        inbound = request.inbound
         facts = RequestFacts(
-            model=model or inbound.model,
+            model=model,
             stream=inbound.stream,
             has_tools=inbound.has_tools,
-            headers=headers,
+            headers=request.headers,
             prompt_tokens=prompt_tokens,
             shared_prefix=shared,
             platform=self._platform,
         )
         return facts, fp
 
-    def plan(
-        self,
-        route: RouteConfig,
-        inbound: Inbound,
-        view: Mapping[str, Any] | None,
-        headers: dict[str, str],
-        prompt_tokens: int = 0,
-        model: str = "",
-        tokens: Sequence[int] | None = None,
-    ) -> Plan:
-        """`model` is the name after aliases (default: the client's); `tokens` the prompt's token
-        ids, for a kv_events pool (None: not known)."""
+    def plan(self, request: Request, prompt_tokens: int = 0, tokens: Sequence[int] | None = None) -> Plan:
+        """The plan for `request`, whose prompt is estimated at `prompt_tokens`; `tokens` are the
+        prompt's token ids, for a kv_events pool (None: not known)."""
         now = time.monotonic()
-        name = model or inbound.model
-        facts, fp = self.facts(route, inbound, view, headers, prompt_tokens, now, name)
+        route, inbound, view, headers = request.route, request.inbound, request.view, request.headers
+        name = request.model
+        facts, fp = self.facts(request, prompt_tokens, now, name)
         # One dict lookup: the index is rebuilt when discovery changes, never per request.
         index = self._registry.models
         serving = index.pools(name)
@@ -234,21 +201,14 @@ class Router:
         if plan.reserved is not None:
             plan.reserved.decided -= 1
 
-    def pinned(
-        self,
-        route: RouteConfig,
-        inbound: Inbound,
-        view: Mapping[str, Any] | None,
-        headers: dict[str, str],
-        backend: str | None,
-        prompt_tokens: int = 0,
-    ) -> Plan | None:
+    def pinned(self, request: Request, backend: str | None, prompt_tokens: int = 0) -> Plan | None:
         """A plan of one backend, past the rules and the balancer, for a request that names state only
         `backend` holds; None when that backend is gone or serves none of the route's pools."""
+        route = request.route
         found = self._registry.by_name.get(backend) if backend is not None else None
         if found is None or found.retired or found.pool not in route.pools:
             return None
-        facts, fp = self.facts(route, inbound, view, headers, prompt_tokens, time.monotonic())
+        facts, fp = self.facts(request, prompt_tokens, time.monotonic(), request.inbound.model)
         self._metrics.child(self._metrics.route_decisions, route.label, found.pool, "pinned").inc()
         ready = found.healthy and found.has_room()
         return Plan(found.pool, "pinned", [found] if ready else [], facts, fp, saturated=found.healthy and not ready)

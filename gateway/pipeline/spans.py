@@ -10,11 +10,10 @@ import time
 from collections.abc import Mapping, Sequence
 from urllib.parse import urlsplit
 
-from gateway.config import GatewayConfig
 from gateway.errors import GatewayError
 from gateway.fleet.registry import Backend
+from gateway.pipeline.context import Plan
 from gateway.pipeline.exchange import Exchange
-from gateway.pipeline.router import Plan
 from gateway.protocols.base import Inbound
 from gateway.tracing.base import AttemptSpan, Attributes, RequestSpan, Tracing
 
@@ -53,20 +52,18 @@ def begin(tracing: Tracing, ex: Exchange, headers: Mapping[str, str], method: st
 
 def routed(
     trace: RequestSpan,
-    ex: Exchange,
     inbound: Inbound,
     plan: Plan,
     backends: Sequence[Backend],
-    config: GatewayConfig,
-    admit_start: float,
-    queued: bool,
+    balancer: str,
+    queued_from: float | None,
 ) -> None:
-    """The routing decision on the server span; a `gateway.queue` span when the request waited."""
+    """The routing decision on the server span (`balancer`: the pool's); a `gateway.queue` span
+    when the request waited, from `queued_from`."""
     now = time.perf_counter()
-    if queued:
-        trace.child("gateway.queue", admit_start, now, {"gateway.pool": plan.pool})
-    pool = config.pools.get(plan.pool)
-    balancer = pool.balancer if pool is not None else "none"
+    queued = queued_from is not None
+    if queued_from is not None:
+        trace.child("gateway.queue", queued_from, now, {"gateway.pool": plan.pool})
     attributes: dict[str, str | bool | int | float | Sequence[str]] = {
         "gateway.balancer": balancer,
         "gateway.balancer.reason": _balancer_reason(balancer, plan, backends),
@@ -74,8 +71,8 @@ def routed(
         "gateway.queued": queued,
         "gen_ai.request.stream": inbound.stream,
     }
-    if queued:
-        attributes["gateway.queue_wait_s"] = now - admit_start
+    if queued_from is not None:
+        attributes["gateway.queue_wait_s"] = now - queued_from
     if inbound.max_tokens is not None:
         attributes["gen_ai.request.max_tokens"] = inbound.max_tokens
     if plan.home is not None:

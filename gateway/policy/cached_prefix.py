@@ -19,6 +19,13 @@ class CachedPrefix:
     """(backend, leading blocks of the prompt it holds), for the backends that stream events."""
     prompt_blocks: int
     """Full blocks in the prompt (at the engines' block size)."""
+    block_sizes: tuple[tuple[str, int], ...] = ()
+    """(backend, its engine's block size in tokens), for the same backends."""
+
+    def tokens(self, name: str) -> int | None:
+        """The prompt tokens `name` holds by its events (None: it streams none)."""
+        size = dict(self.block_sizes).get(name)
+        return dict(self.blocks).get(name, 0) * size if size is not None else None
 
 
 @value

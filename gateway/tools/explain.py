@@ -9,6 +9,7 @@ from gateway.config import GatewayConfig
 from gateway.errors import GatewayError
 from gateway.fleet.registry import Registry
 from gateway.metrics import GatewayMetrics
+from gateway.pipeline.context import read
 from gateway.pipeline.router import Router
 from gateway.policy.rules import Platform, matches, rule_label
 from gateway.protocols.base import Api
@@ -30,7 +31,7 @@ def explain(config: GatewayConfig, raw: bytes, kind: Api = "chat", platform: Pla
     for backend in registry:  # explain assumes every backend is healthy; it does no I/O
         backend.healthy = backend.checked = True
     router = Router(config, registry, GatewayMetrics(), platform or resolve_platform(config.routing.platform))
-    plan = router.plan(route, inbound, protocol.estimate_view(inbound), {})
+    plan = router.plan(read(protocol, inbound, route, inbound.model, {}))
     facts, fp = plan.facts, plan.fingerprint
     return {
         "kind": kind,

@@ -44,6 +44,12 @@ class GatewayThread:
         self.base_url = f"http://127.0.0.1:{port}"
         return self
 
+    @property
+    def native_id(self) -> int:
+        """The OS id of the thread that runs the gateway's event loop (its CPU time: /proc/self/task/ID)."""
+        assert self._thread.native_id is not None, "not started"
+        return self._thread.native_id
+
     def stop(self) -> None:
         self.server.should_exit = True
         self._thread.join(timeout=15)

@@ -118,6 +118,11 @@ def test_the_next_turn_goes_where_the_engine_cached_the_first(gateway: GatewayTh
     # The index predicted the engine's own prefix-cache hit for this request, to the block.
     cached = second.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert int(matched[holder]) * 128 == cached > 0, (why, cached)
+    # ...and the accounting set that prediction against the answer's cached_tokens. The first turn is
+    # not compared: no event had told the index the engine's block size yet.
+    assert gateway.metric("gateway_kv_events_predicted_cached_tokens_total", backend=holder) == cached
+    assert gateway.metric("gateway_kv_events_served_cached_tokens_total", backend=holder) == cached
+    assert gateway.metric("gateway_kv_events_predictions_total", backend=holder, verdict="exact") == 1
     assert gateway.metric("gateway_kv_events_batches_total", backend=holder) >= 1
     assert gateway.metric("gateway_kv_events_index_blocks", backend=holder) == len(index)
     assert gateway.metric("gateway_kv_events_lost_total", backend=holder) == 0

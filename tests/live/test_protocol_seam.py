@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from gateway.app.build import GatewayApp
-from gateway.pipeline.endpoint import CompletionEndpoint
+from gateway.pipeline.endpoint import CompletionEndpoint, Stages
 from gateway.protocols.base import Inbound, SseObserver, StreamTransform, Target
 from gateway.protocols.edits import Edits
 from gateway.protocols.openai import OpenAIProtocol
@@ -72,18 +72,10 @@ def mount(stack: Stack) -> None:
     while not isinstance(app, GatewayApp):
         app = app.app  # uvicorn's own middleware wraps the app
     gw = app.gateway
-    endpoint = CompletionEndpoint(
-        Shout("chat", PATH),
-        gw.config,
-        gw.access,
-        gw.router,
-        gw.caps,
-        gw.admission,
-        gw.attempts,
-        gw.relay,
-        gw.accounting,
-        gw.lifecycle,
+    stages = Stages(
+        gw.config, gw.access, gw.router, gw.caps, gw.admission, gw.attempts, gw.relay, gw.accounting, gw.lifecycle
     )
+    endpoint = CompletionEndpoint(Shout("chat", PATH), stages)
     app._served.fast[PATH] = endpoint
 
 

@@ -21,7 +21,9 @@ from gateway.fleet.capacity import Capacity
 from gateway.fleet.health import HealthState
 from gateway.fleet.registry import Registry
 from gateway.metrics import GatewayMetrics
+from gateway.pipeline.context import Request
 from gateway.pipeline.router import Router
+from gateway.protocols.chat import CHAT
 from gateway.protocols.inbound import parse_request
 
 pytestmark = pytest.mark.unit
@@ -100,7 +102,7 @@ def choices(
     for _, messages in stream(conversations, turns, system_words):
         raw = json.dumps({"model": "m", "messages": messages, "max_tokens": 16}).encode()
         inbound = parse_request("chat", raw, max_depth=64, max_n=8, max_messages=10_000)
-        plan = router.plan(route, inbound, inbound.body, {})
+        plan = router.plan(Request(CHAT, inbound, route, "m", {}, inbound.body, None))
         backend = plan.backends[0]
         router.learn(plan, backend.name)  # it served: the gateway learns once the first byte arrives
         picked.append(backend.name)

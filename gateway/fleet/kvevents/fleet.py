@@ -69,6 +69,7 @@ class KVEventFleet:
         per block size, not per backend."""
         keys: dict[int, list[bytes]] = {}
         blocks: list[tuple[str, int]] = []
+        sizes: list[tuple[str, int]] = []
         prompt_blocks = 0
         head = tokens[:-1]  # the last token is never a hit (EngineIndex.match_tokens)
         for name in names:
@@ -80,7 +81,8 @@ class KVEventFleet:
                 keys[size] = chain_keys(head, size)
             prompt_blocks = max(prompt_blocks, len(keys[size]))
             blocks.append((name, sub.index.match(keys[size])))
-        return CachedPrefix(tuple(blocks), prompt_blocks)
+            sizes.append((name, size))
+        return CachedPrefix(tuple(blocks), prompt_blocks, tuple(sizes))
 
 
 class KVEventCollector(Collector):
