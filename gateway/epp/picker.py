@@ -31,9 +31,9 @@ from gateway.errors import (
 from gateway.fleet.health import PassiveHealth
 from gateway.fleet.registry import Backend
 from gateway.pipeline.accounting import prompt_tokens
+from gateway.pipeline.context import Plan, read
 from gateway.pipeline.enforcer import NO_PROMPT, PromptCount
 from gateway.pipeline.exchange import Exchange, Outcome
-from gateway.pipeline.router import Plan
 from gateway.policy.fairqueue import Ticket
 from gateway.protocols.base import Inbound, ProtocolAdapter, SseObserver, Target
 from gateway.protocols.catalog import ENDPOINTS, REASONING_COPY
@@ -78,6 +78,20 @@ class Pick:
 
 
 @dataclass(frozen=True)
+class Asked:
+    """What the data plane sent of one request, once its body is whole."""
+
+    path: str
+    headers: Mapping[str, str]
+    """Lower-case names, pseudo-headers (:path, :method) included."""
+    body: bytes
+    subset: frozenset[str] | None = None
+    """The ip:port endpoints the data plane allows (its envoy.lb.subset_hint metadata); None: any."""
+    arrived: float | None = None
+    """perf_counter() when the request's headers came."""
+
+
+@dataclass(frozen=True)
 class Refusal:
     """An answer the data plane sends itself, in the client's protocol: status, headers, JSON body."""
 
@@ -109,27 +123,19 @@ class Picker:
         headers = (("content-type", "application/json"), *err.headers().items())
         return Refusal(protocol.error_status(err), protocol.error_body(err), headers)
 
-    async def pick(
-        self,
-        path: str,
-        headers: Mapping[str, str],
-        raw: bytes,
-        subset: frozenset[str] | None = None,
-        arrived: float | None = None,
-    ) -> Pick:
+    async def pick(self, asked: Asked) -> Pick:
         """The plan for one request; raises GatewayError (the caller answers it with refusal()),
-        counted as `gateway serve` counts a refusal. `subset`: the ip:port endpoints the data plane
-        allows (the envoy.lb.subset_hint metadata); None: any. `arrived`: perf_counter() when the
-        request's headers came."""
-        protocol = self.protocol(path)
+        counted as `gateway serve` counts a refusal."""
+        protocol = self.protocol(asked.path)
         if protocol is None:
-            raise NotFound(f"The gateway does not route {path.split('?', 1)[0][:64]}.", code="unknown_path")
-        ex = Exchange(request_id=headers.get("x-request-id", "")[:128] or "-", api=protocol.api, path=protocol.path)
-        if arrived is not None:
-            ex.started = arrived
+            raise NotFound(f"The gateway does not route {asked.path.split('?', 1)[0][:64]}.", code="unknown_path")
+        request_id = asked.headers.get("x-request-id", "")[:128] or "-"
+        ex = Exchange(request_id=request_id, api=protocol.api, path=protocol.path)
+        if asked.arrived is not None:
+            ex.started = asked.arrived
         progress = _Progress()
         try:
-            return await self._pick(ex, protocol, headers, raw, subset, progress)
+            return await self._pick(ex, protocol, asked, progress)
         except BaseException as err:
             if isinstance(err, GatewayError):
                 ex.status = protocol.error_status(err)
@@ -139,16 +145,9 @@ class Picker:
             self._gw.access.account(progress.client, None, 0, 0, progress.held)
             raise
 
-    async def _pick(
-        self,
-        ex: Exchange,
-        protocol: ProtocolAdapter,
-        headers: Mapping[str, str],
-        raw: bytes,
-        subset: frozenset[str] | None,
-        progress: _Progress,
-    ) -> Pick:
+    async def _pick(self, ex: Exchange, protocol: ProtocolAdapter, asked: Asked, progress: _Progress) -> Pick:
         gw = self._gw
+        headers, raw, subset = asked.headers, asked.body, asked.subset
         client = progress.client = gw.access.authenticate(headers.get("authorization"), headers.get("x-api-key"))
         limit = gw.config.limits.max_body_bytes
         if len(raw) > limit:
@@ -164,8 +163,8 @@ class Picker:
             variant = REASONING_COPY.get(protocol.api)
             protocol = variant if variant is not None and variant.path == protocol.path else protocol
         await gw.access.admit(client, inbound.model)
-        view = protocol.estimate_view(inbound)
-        estimate = gw.caps.routing_estimate(route, inbound, view)
+        request = read(protocol, inbound, route, resolved.name, headers)
+        estimate = gw.caps.routing_estimate(request)
         if inbound.pin is not None:
             raise InvalidRequest(
                 "previous_response_id needs the backend that stored the response: use `gateway serve`.",
@@ -173,11 +172,11 @@ class Picker:
             )
         ids = None
         if gw.tokens is not None and gw.tokens.wanted(route):
-            ids = await gw.tokens.ids(route, resolved.name, view)
-        plan = gw.router.plan(route, inbound, view, dict(headers), estimate, resolved.name, ids)
+            ids = await gw.tokens.ids(route, resolved.name, request.view)
+        plan = gw.router.plan(request, estimate, ids)
         try:
             ex.pool, ex.rule = plan.pool, plan.rule
-            ticket = gw.admission.ticket(client, route, headers, estimate, inbound.max_tokens)
+            ticket = gw.admission.ticket(client, request, estimate)
             held = progress.held = await gw.access.hold(
                 client, estimate, gw.admission.output_tokens(inbound.max_tokens)
             )
@@ -189,9 +188,10 @@ class Picker:
                         f"No backend of route '{route.label}' is among the endpoints the data plane allows.",
                         retry_after=5,
                     )
-            backend = backends[0]
-            model = gw.router.upstream_model(plan, backend, route.upstream_model, inbound.model)
-            cap_edits, count = await gw.caps.apply(route, inbound, view, backend, model or inbound.model)
+            # The pick and the next in the balancer's order (the fallback), each with its model name.
+            candidates = gw.router.candidates(plan, backends, request, 2)
+            backend, model = candidates[0].backend, candidates[0].model
+            cap_edits, count = await gw.caps.apply(request, candidates[0])
         finally:
             gw.router.started(plan)
         target = protocol.target(inbound, backend.engine)
@@ -212,7 +212,7 @@ class Picker:
         ex.backend, ex.backend_name = backend, backend.name
         ex.served_model = model if model is not None and model != inbound.model else None
         address = await self._address(backend)
-        fallback = await self._address(backends[1]) if len(backends) > 1 else None
+        fallback = await self._address(candidates[1].backend) if len(candidates) > 1 else None
         set_headers = {"x-gateway-destination-endpoint": address, **backend.auth_headers()}
         pick = Pick(
             ex=ex,

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 
 from google.protobuf import struct_pb2
 
-from gateway.epp.picker import Pick, Picker, Refusal
+from gateway.epp.picker import Asked, Pick, Picker, Refusal
 from gateway.epp.proto import core_pb2 as core
 from gateway.epp.proto import external_processor_pb2 as ep
 from gateway.epp.proto import http_status_pb2 as http_status
@@ -135,7 +135,7 @@ class ExternalProcessor:
     async def _decide(self, state: StreamState, raw: bytes) -> list[ep.ProcessingResponse]:
         path = _path(state)
         try:
-            pick = await self._picker.pick(path, state.headers, raw, state.subset, state.arrived)
+            pick = await self._picker.pick(Asked(path, state.headers, raw, state.subset, state.arrived))
         except GatewayError as err:
             return self._refuse(state, self._picker.refusal(self._picker.protocol(path), err))
         except Exception:  # a bug: still the protocol's error body, never a broken stream
