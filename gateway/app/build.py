@@ -235,8 +235,10 @@ def _assemble(gw: Gateway) -> _Served:
     return _Served(gw, app, {e.path: e for e in endpoints}, [])
 
 
-async def _start(served: _Served) -> None:
-    gw = served.gateway
+async def start_gateway(gw: Gateway) -> list[asyncio.Task[None]]:
+    """Start a built gateway's connections and background work (health, load scrapes, KV events);
+    the tasks to hand to stop_gateway. `gateway serve` (through lifespan) and `gateway epp` both
+    start theirs here."""
     await gw.upstream.start()
     # One health round before serving, so /readyz and routing are right from the first request.
     await gw.health.check_all()
@@ -250,24 +252,33 @@ async def _start(served: _Served) -> None:
                 backend.url,
                 backend.adapter.health_path,
             )
-    served.tasks = [
+    tasks = [
         asyncio.create_task(gw.health.run(), name="health"),
         asyncio.create_task(gw.scraper.run(), name="scraper"),
     ]
     if gw.kv_events is not None:
-        served.tasks += gw.kv_events.start()
+        tasks += gw.kv_events.start()
         for name, sub in gw.kv_events.subscribers.items():
             log.info("backend %s streams KV events from %s", name, sub.endpoint)
+    return tasks
+
+
+async def stop_gateway(gw: Gateway, tasks: list[asyncio.Task[None]]) -> None:
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    if gw.kv_events is not None:
+        gw.kv_events.close()
+    await gw.upstream.close()
+    await gw.access.close()
+
+
+async def _start(served: _Served) -> None:
+    served.tasks = await start_gateway(served.gateway)
 
 
 async def _stop(served: _Served) -> None:
-    for task in served.tasks:
-        task.cancel()
-    await asyncio.gather(*served.tasks, return_exceptions=True)
-    if served.gateway.kv_events is not None:
-        served.gateway.kv_events.close()
-    await served.gateway.upstream.close()
-    await served.gateway.access.close()
+    await stop_gateway(served.gateway, served.tasks)
 
 
 def create_app(

@@ -29,10 +29,12 @@ def taken_port() -> Iterator[int]:
         yield int(s.getsockname()[1])
 
 
-@pytest.mark.parametrize("command", ["serve", "sim", "demo"])
+@pytest.mark.parametrize("command", ["serve", "sim", "demo", "epp"])
 def test_a_taken_port_is_one_line_and_exit_1(command: str, taken_port: int) -> None:
+    if command == "epp":
+        pytest.importorskip("grpc")  # the epp extra
     args = [sys.executable, "-m", "gateway.cli", command, "--port", str(taken_port)]
-    if command == "serve":
+    if command in ("serve", "epp"):
         args += ["--config", "gateway.yaml"]
     done = subprocess.run(args, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1, done.stderr

@@ -5,6 +5,8 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -152,7 +154,7 @@ LAYERS: list[set[str]] = [
     {"fleet"},
     {"pipeline"},
     {"app"},
-    {"serving"},
+    {"serving", "epp"},
     {"tools", "bench"},
     {"cli"},
 ]
@@ -226,6 +228,44 @@ def test_aiohttp_is_only_the_bench_extras() -> None:
     runtime = text.split("dependencies = [", 1)[1].split("]", 1)[0]
     bench = text.split("\nbench = [", 1)[1].split("]", 1)[0]
     assert "aiohttp" not in runtime and "aiohttp" in bench
+
+
+def test_grpc_is_only_the_epp_extras() -> None:
+    """`gateway serve` loads no gRPC: only gateway/epp/ imports grpc or protobuf, cli.py imports it
+    only inside the epp command, and the packages are an extra."""
+    modules = [p for p in (ROOT / "gateway").rglob("*.py")]
+    users = {
+        p.relative_to(ROOT).as_posix()
+        for p in modules
+        if any(m.split(".")[0] == "grpc" or m.startswith("google.protobuf") for m in imports(p))
+    }
+    assert users and all(u.startswith("gateway/epp/") for u in users), users
+    importers = {
+        p.relative_to(ROOT).as_posix()
+        for p in modules
+        if not p.relative_to(ROOT).as_posix().startswith("gateway/epp/")
+        and any(m.startswith("gateway.epp") for m in imports(p))
+    }
+    assert importers == {"gateway/cli.py"}
+    cli = ast.parse((ROOT / "gateway/cli.py").read_text(encoding="utf-8"))
+    assert not any(isinstance(n, ast.ImportFrom) and (n.module or "").startswith("gateway.epp") for n in cli.body)
+    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    runtime = text.split("dependencies = [", 1)[1].split("]", 1)[0]
+    epp = text.split("\nepp = [", 1)[1].split("]", 1)[0]
+    assert "grpcio" not in runtime and "protobuf" not in runtime and "grpcio" in epp
+
+
+def test_gateway_serve_loads_no_grpc() -> None:
+    """The import check at run time: the serve path's modules, imported as `gateway serve` imports
+    them, leave grpc and protobuf unloaded."""
+    code = (
+        "import sys, gateway.cli, gateway.serving.server, gateway.app.build; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'grpc' or m.startswith('google.protobuf')"
+        " or m.startswith('gateway.epp')))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", done.stdout
 
 
 def test_opentelemetry_is_only_the_otel_extras() -> None:
