@@ -211,10 +211,15 @@ def test_dockerfile() -> None:
     assert re.search(r"^FROM python:3\.11-slim AS build$", text, flags=re.M)
     assert re.search(r"^ARG COMPILE=1$", text, flags=re.M)  # the compiled build by default
     assert re.search(r"^COPY pyproject.toml setup.py README\* \./$", text, flags=re.M)
-    assert "pip wheel -w /wheels . && rm /wheels/llm_gateway-*.whl" in text  # the dependencies, for mypyc
+    assert re.search(r'^ARG EXTRAS=""$', text, flags=re.M)  # in both stages: --build-arg EXTRAS=epp
+    assert len(re.findall(r'^ARG EXTRAS=""$', text, flags=re.M)) == 2
+    # the dependencies (with the extras' when asked), for mypyc
+    assert 'pip wheel -w /wheels ".${EXTRAS:+[$EXTRAS]}" && rm /wheels/llm_gateway-*.whl' in text
     assert 'GATEWAY_COMPILE="$COMPILE" pip wheel --no-build-isolation --no-deps -w /wheels .' in text
     assert re.search(r"^COPY --from=build /wheels /wheels$", text, flags=re.M)
-    assert re.search(r"^RUN pip install --no-index --find-links /wheels /wheels/llm_gateway-\*\.whl", text, flags=re.M)
+    assert (
+        'RUN pip install --no-index --find-links /wheels "$(ls /wheels/llm_gateway-*.whl)${EXTRAS:+[$EXTRAS]}"' in text
+    )
     assert 'ENTRYPOINT ["gateway"]' in text
     ignore = (DEPLOY / "Dockerfile.dockerignore").read_text(encoding="utf-8").splitlines()
     assert {"!pyproject.toml", "!setup.py", "!gateway/", "!engines/"} <= set(ignore)
@@ -326,3 +331,49 @@ def test_kustomize_build() -> None:
     (deployment,) = (d for d in docs if d["kind"] == "Deployment")
     volumes = deployment["spec"]["template"]["spec"]["volumes"]
     assert any(v.get("configMap", {}).get("name") == configmap["metadata"]["name"] for v in volumes)
+
+
+def test_kustomize_build_of_the_epp_overlay() -> None:
+    """deploy/kubernetes-epp: the base's config and engines, no `gateway serve` objects, and the
+    EPP wired to the InferencePool and the HTTPRoute by the names and ports each one declares."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl not installed")
+    out = subprocess.run(
+        [kubectl, "kustomize", str(DEPLOY / "kubernetes-epp")], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+    docs = list(yaml.safe_load_all(out))
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for d in docs:
+        by_kind.setdefault(d["kind"], []).append(d)
+    assert sorted(by_kind) == ["ConfigMap", "Deployment", "HTTPRoute", "InferencePool", "Service"]
+    assert "llm-gateway" not in {d["metadata"]["name"] for d in docs}  # the serve Deployment and Service
+    (configmap,) = by_kind["ConfigMap"]
+    assert configmap["data"]["gateway.yaml"] == (K8S_DIR / "gateway.yaml").read_text(encoding="utf-8")
+    (deployment,) = by_kind["Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"] == "llm-gateway:0.1.0-epp"
+    args = container["args"]
+    assert args[0] == "epp" and args[args.index("--config") + 1] == "/etc/gateway/gateway.yaml"
+    grpc_port = int(args[args.index("--port") + 1])
+    assert container["readinessProbe"]["grpc"] == {"port": grpc_port, "service": "readiness"}
+    assert any(v.get("configMap", {}).get("name") == configmap["metadata"]["name"] for v in pod["volumes"])
+    services = {s["metadata"]["name"]: s for s in by_kind["Service"]}
+    (pool,) = by_kind["InferencePool"]
+    picker = pool["spec"]["endpointPickerRef"]
+    epp_service = services[picker["name"]]
+    assert epp_service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    assert picker["port"]["number"] == epp_service["spec"]["ports"][0]["port"]
+    assert picker["failureMode"] == "FailClose"
+    # The pool's pods are the ones gateway.yaml's vllm backends name: the same selector and port.
+    engines = services[pool["metadata"]["name"]]
+    assert pool["spec"]["selector"]["matchLabels"] == engines["spec"]["selector"]
+    assert [p["number"] for p in pool["spec"]["targetPorts"]] == [p["port"] for p in engines["spec"]["ports"]]
+    (route,) = by_kind["HTTPRoute"]
+    (backend,) = route["spec"]["rules"][0]["backendRefs"]
+    assert (backend["group"], backend["kind"], backend["name"]) == (
+        "inference.networking.k8s.io",
+        "InferencePool",
+        pool["metadata"]["name"],
+    )
