@@ -6,7 +6,9 @@ The gateway (`gateway serve`) runs as its own process in front of two simulators
 50 MB ``data:`` line (cut by limits.max_event_bytes), a stream dripped one byte a write, a reset
 after two chunks, garbage lines. A prober sends a small chat request to ``tiny`` every
 ``--interval`` seconds, and another GETs /healthz as often: its latency is the loop lag the
-gateway's other requests see (an upper bound: loopback and the HTTP exchange are in it too). The
+gateway's other requests see (an upper bound: loopback and the HTTP exchange are in it too); the
+gateway's own measure of it, gateway_event_loop_lag_seconds, is read from /metrics around each
+phase (the p99 and the max, to its bucket bounds). The
 hostile simulator gets the first CPU, at nice 10, and everything else the others (benchmarks/cpus.py).
 
     PYTHONPATH=$PWD python3 benchmarks/isolation.py --quiet-s 20 --hostile-s 20
@@ -141,6 +143,36 @@ def gateway_durations(log: Path, start: int) -> tuple[list[float], int]:
     return times, len(text)
 
 
+LAG = "gateway_event_loop_lag_seconds_bucket"
+
+
+def loop_lag_buckets(url: str) -> dict[float, float]:
+    """The gateway's own loop-lag histogram now (gateway_event_loop_lag_seconds: how late a timer due
+    every 100 ms ran), cumulative counts by upper bound."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(url + "/metrics", timeout=10).text
+    out: dict[float, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == LAG:
+                out[float(sample.labels["le"])] = sample.value
+    return out
+
+
+def lag_figures(before: dict[float, float], after: dict[float, float]) -> dict[str, Any]:
+    """The phase's ticks (the difference of two readings): how many, the bucket bound that 99 % of
+    them were under, and the bound of the latest bucket any reached (the max, to a bucket)."""
+    bounds = sorted(after)
+    counts = [after[b] - before.get(b, 0.0) for b in bounds]
+    total = counts[-1] if counts else 0.0
+    p99 = next((b for b, c in zip(bounds, counts, strict=True) if c >= 0.99 * total), float("nan"))
+    below = [0.0, *counts[:-1]]
+    reached = [b for b, c, prev in zip(bounds, counts, below, strict=True) if c > prev]
+    top = reached[-1] if reached else float("nan")
+    return {"lag_ticks": int(total), "lag_p99_under_ms": p99 * 1e3, "lag_max_under_ms": top * 1e3}
+
+
 def cpu_s(pid: int) -> float:
     """The process's user + system CPU time so far, from /proc (seconds)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -164,7 +196,11 @@ def measure(quiet_s: float, hostile_s: float, interval: float, workdir: Path, fa
         log = stack.workdir / "gateway.log"
         _, mark = gateway_durations(log, 0)
         start = cpu_s(stack.gateway.pid)
+        lag = loop_lag_buckets(stack.gateway_url)
         quiet = asyncio.run(_phase(stack.gateway_url, quiet_s, interval, None, faults))
+        after_quiet = loop_lag_buckets(stack.gateway_url)
+        quiet.update(lag_figures(lag, after_quiet))
+        lag = after_quiet
         quiet["gateway_cpu_share"] = round((cpu_s(stack.gateway.pid) - start) / quiet_s, 3)
         own, mark = gateway_durations(log, mark)
         quiet["gateway_p50_ms"] = round(quantile(own, 0.5) * 1e3, 2)
@@ -179,6 +215,7 @@ def measure(quiet_s: float, hostile_s: float, interval: float, workdir: Path, fa
         os.sched_setaffinity(clients.pid, {min(before)})
         os.setpriority(os.PRIO_PROCESS, clients.pid, 10)
         hostile = asyncio.run(_phase(stack.gateway_url, hostile_s, interval, clients, faults))
+        hostile.update(lag_figures(lag, loop_lag_buckets(stack.gateway_url)))
         hostile["gateway_cpu_share"] = round((cpu_s(stack.gateway.pid) - start) / hostile_s, 3)
         own, mark = gateway_durations(log, mark)
         hostile["gateway_p50_ms"] = round(quantile(own, 0.5) * 1e3, 2)
@@ -224,7 +261,9 @@ def main() -> None:
             f"{phase:8} healthy p50 {f['healthy_p50_ms']} ms, p99 {f['healthy_p99_ms']} ms,"
             f" failures {f['healthy_failures']}/{f['healthy_requests']}; /healthz p99 {f['healthz_p99_ms']} ms,"
             f" max {f['loop_lag_max_ms']} ms; by the gateway's clock p50 {f['gateway_p50_ms']} ms, p99"
-            f" {f['gateway_p99_ms']} ms; gateway CPU {f['gateway_cpu_share']:.0%}; hostile {f['hostile_requests']}"
+            f" {f['gateway_p99_ms']} ms; gateway CPU {f['gateway_cpu_share']:.0%}; hostile {f['hostile_requests']};"
+            f" the gateway's loop lag (gateway_event_loop_lag_seconds, {f['lag_ticks']} ticks): p99 under"
+            f" {f['lag_p99_under_ms']:g} ms, max under {f['lag_max_under_ms']:g} ms"
         )
     ratios = f"{figures['p99_ratio']} at the client, {figures['gateway_p99_ratio']} by the gateway"
     print(f"p99 ratio (hostile / quiet): {ratios}")
