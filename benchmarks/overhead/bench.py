@@ -227,7 +227,7 @@ def main() -> int:
 
     try:
         nginx_port, paced_port, gw_port = free_port(), free_port(), free_port()
-        (tmp / "nginx.conf").write_text(configs.NGINX_CONF.format(tmp=tmp, port=nginx_port))
+        (tmp / "nginx.conf").write_text(configs.NGINX_CONF.format(tmp=tmp, port=nginx_port, sse_port=free_port()))
         nginx = env.start("nginx", ["nginx", "-c", str(tmp / "nginx.conf"), "-g", "daemon off;"], load_core)
         paced = env.start(
             "paced",
@@ -248,7 +248,9 @@ def main() -> int:
         nginx_workers = children(nginx.pid) or [nginx.pid]
 
         routes = "".join(configs.ROUTE.format(model=f"bench-{pool}", pool=pool) for pool in ("json", "sse", "paced"))
-        gateway_yaml = configs.GATEWAY_CONF.format(port=gw_port, nginx=nginx_port, paced=paced_port, routes=routes)
+        gateway_yaml = configs.GATEWAY_CONF.format(
+            port=gw_port, nginx=nginx_port, sse=f"http://127.0.0.1:{nginx_port}/sse", paced=paced_port, routes=routes
+        )
         (tmp / "gateway.yaml").write_text(gateway_yaml)
         for name, model, stream in (
             ("json", "bench-json", False),

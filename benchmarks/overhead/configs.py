@@ -36,6 +36,18 @@ http {{
             error_page 405 =200 $uri;
         }}
     }}
+    # The stream again at the engine's own path, for a peer that cannot add a path prefix (Envoy
+    # routing to the endpoint gateway epp picks sends the client's path as it is).
+    server {{
+        listen 127.0.0.1:{sse_port};
+        root {tmp}/www;
+        location ~ /health$ {{ default_type application/json; return 200 '{{}}'; }}
+        location = /v1/chat/completions {{
+            add_header Cache-Control no-cache;
+            try_files /stream.sse =404;
+            error_page 405 =200 $uri;
+        }}
+    }}
 }}
 """
 
@@ -46,7 +58,7 @@ server: {{host: 127.0.0.1, port: {port}}}
 health: {{interval_s: 3600, timeout_s: 2}}
 pools:
   json:  {{engine: vllm, balancer: least_load, backends: [{{url: "http://127.0.0.1:{nginx}"}}]}}
-  sse:   {{engine: vllm, balancer: least_load, backends: [{{url: "http://127.0.0.1:{nginx}/sse"}}]}}
+  sse:   {{engine: vllm, balancer: least_load, backends: [{{url: "{sse}"}}]}}
   paced: {{engine: vllm, balancer: least_load, backends: [{{url: "http://127.0.0.1:{paced}"}}]}}
 routes:
 {routes}

