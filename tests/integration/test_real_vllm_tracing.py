@@ -55,7 +55,8 @@ def test_vllm_spans_sit_under_the_gateways_attempts(
         gw.settle()
 
         def engine(spans: list[ReceivedSpan]) -> list[ReceivedSpan]:
-            return [s for s in spans if s.service == "vllm-under-test"]
+            """vLLM's spans of requests (it also exports its start-up's: Worker init, Load weights...)."""
+            return [s for s in spans if s.service == "vllm-under-test" and s.name == "llm_request"]
 
         def gateway(spans: list[ReceivedSpan], kind: int) -> list[ReceivedSpan]:
             return [s for s in spans if s.service == "gateway-under-test" and s.kind == kind]
