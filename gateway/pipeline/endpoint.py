@@ -15,7 +15,7 @@ import os
 import time
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import field
-from typing import Any
+from typing import Any, Literal
 
 from gateway.access.gate import AccessGate, BudgetHold
 from gateway.access.keys import ClientKey
@@ -142,8 +142,10 @@ class CompletionEndpoint:
         ticket: Ticket | None = None
         held: BudgetHold | None = None
         queued = False
-        outcome: Outcome | None = None
-        """What ended the request, decided below and recorded once, in `finally`."""
+        # What ended the request, decided below and recorded once, in `finally`. "" until then, not
+        # None: the compiled build (mypyc) reads an Optional local of this coroutine as a str in
+        # `finally` after the early return, and raises TypeError on None.
+        outcome: Outcome | Literal[""] = ""
         decided: Plan | None = None
         """A kv_events plan whose decision still counts as pending load on its backend."""
         try:
@@ -237,7 +239,8 @@ class CompletionEndpoint:
             else:
                 raise
         finally:
-            ex.outcome = outcome  # the only write: accounting and the access log read it
+            if outcome:  # the only write: accounting and the access log read it
+                ex.outcome = outcome  # (a client gone before its body came leaves the default, None)
             if decided is not None:
                 self._router.started(decided)
             ending.finished = True
