@@ -210,7 +210,7 @@ def measure(quiet_s: float, hostile_s: float, interval: float, workdir: Path, fa
         argv = [sys.executable, __file__, "--hostile-client", stack.gateway_url, "--hostile-s", str(hostile_s)]
         argv += ["--faults", ",".join(faults)]
         clients = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, cwd=REPO, start_new_session=True)
-        # On the hostile engine's core: reading 8 MiB streams in Python is CPU that another machine
+        # On the hostile engine's core: reading 2 MiB streams in Python is CPU that another machine
         # would spend; beside the gateway it is the kernel's scheduling that the probe measures.
         os.sched_setaffinity(clients.pid, {min(before)})
         os.setpriority(os.PRIO_PROCESS, clients.pid, 10)

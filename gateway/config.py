@@ -179,7 +179,7 @@ class LimitsConfig(_Model):
     max_response_bytes: Annotated[int, Field(ge=1024)] = 64 * 1024 * 1024
     """A non-stream upstream answer is read whole, up to this; past it the client gets 502
     `response_too_large` and the backend a failure (streams are relayed chunk by chunk, unbounded)."""
-    max_event_bytes: Annotated[int, Field(ge=1024)] = 8 * 1024 * 1024
+    max_event_bytes: Annotated[int, Field(ge=1024)] = 2 * 1024 * 1024
     """One upstream SSE event (a stream's unit, up to its blank line); past it the stream is cut
     with the protocol's error event, the upstream closed and the backend charged a failure."""
     max_response_ids: Annotated[int, Field(ge=1)] = 100_000

@@ -80,6 +80,7 @@ def test_a_long_event_is_not_held_when_relayed() -> None:
 def test_the_observer_counts_a_long_event_and_its_usage(strip: bool) -> None:
     stream = _chat("a") + _chat("x" * (3 << 20), usage=True) + b"data: [DONE]\n\n"
     obs = StreamObserver(strip_usage=strip)
+    obs.limit_events(8 << 20)  # a long event, not the default limit, is what this reads
     out = b"".join(obs.feed(r, float(i)) for i, r in enumerate(_reads(stream, 65536))) + obs.flush()
     assert out == stream
     assert obs.content_events == 2 and obs.done
