@@ -429,17 +429,6 @@ def drive(
 
 
 # ---------------------------------------------------------------------------------------------- replicas
-def events_config(pub: int, replay: int) -> str:
-    """vLLM's --kv-events-config: bind a PUB socket and a replay socket on these ports."""
-    return json.dumps(
-        {
-            "enable_kv_cache_events": True,
-            "publisher": "zmq",
-            "endpoint": f"tcp://*:{pub}",
-            "replay_endpoint": f"tcp://*:{replay}",
-            "topic": "kv",
-        }
-    )
 
 
 def gateway_config(
@@ -777,7 +766,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "kv_cache_memory_bytes": args.kv_tokens * per_token,
             "cpu_omp_threads_bind": str(i),
             "log_path": args.log_dir / f"replica-{i}.log",
-            "extra_args": ["--kv-events-config", events_config(pub, replay)],
+            "extra_args": ["--kv-events-config", servers.kv_events_config(pub, replay)],
         }
         for i, (pub, replay) in enumerate(events)
     ]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -39,6 +40,19 @@ ENV_KEYS: dict[EngineKind, tuple[str, ...]] = {
     "sglang": ("SGLANG_PYTHON", "TINY_HF_DIR", "SGLANG_LIBCUDA_DIR"),
 }
 SETUP_HINT = "run `bash tests/engines/setup.sh` (GATEWAY_CI_CACHE selects the cache dir)"
+
+
+def kv_events_config(pub: int, replay: int) -> str:
+    """vLLM's --kv-events-config: bind a PUB socket and a replay socket on these ports."""
+    return json.dumps(
+        {
+            "enable_kv_cache_events": True,
+            "publisher": "zmq",
+            "endpoint": f"tcp://*:{pub}",
+            "replay_endpoint": f"tcp://*:{replay}",
+            "topic": "kv",
+        }
+    )
 
 
 def cache_dir() -> Path:

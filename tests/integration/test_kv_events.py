@@ -5,7 +5,6 @@ with the engine's own prefix-cache hit, and the next turn goes to the replica ho
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -23,18 +22,6 @@ MODEL = servers.MODEL_NAME
 SYSTEM = "You answer questions about the garden tools in our catalogue, briefly and politely. " * 9
 
 
-def events_config(pub: int, replay: int) -> str:
-    return json.dumps(
-        {
-            "enable_kv_cache_events": True,
-            "publisher": "zmq",
-            "endpoint": f"tcp://*:{pub}",
-            "replay_endpoint": f"tcp://*:{replay}",
-            "topic": "kv",
-        }
-    )
-
-
 @pytest.fixture
 def replicas(engine_launcher: Callable[..., Any]) -> list[tuple[Any, int, int]]:
     ports = [(servers.free_port(), servers.free_port()) for _ in range(2)]
@@ -46,7 +33,7 @@ def replicas(engine_launcher: Callable[..., Any]) -> list[tuple[Any, int, int]]:
                 max_model_len=1024,
                 max_num_seqs=2,
                 cpu_omp_threads_bind=str(i),
-                extra_args=["--kv-events-config", events_config(pub, replay)],
+                extra_args=["--kv-events-config", servers.kv_events_config(pub, replay)],
             )
             for i, (pub, replay) in enumerate(ports)
         ]
