@@ -179,13 +179,23 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def measure(quiet_s: float, hostile_s: float, interval: float, workdir: Path, faults: list[str]) -> dict[str, Any]:
-    """Both phases against one stack: quiet first, then with the hostile backend busy."""
-    sections = {
+def measure(
+    quiet_s: float,
+    hostile_s: float,
+    interval: float,
+    workdir: Path,
+    faults: list[str],
+    max_event_bytes: int | None = None,
+) -> dict[str, Any]:
+    """Both phases against one stack: quiet first, then with the hostile backend busy
+    (`max_event_bytes`: limits.max_event_bytes, when not the default)."""
+    sections: dict[str, Any] = {
         # The hostile backend must stay in the pool to keep misbehaving: no passive ejection.
         "health": {"interval_s": 60, "scrape_interval_s": 60, "unhealthy_after": 1_000_000},
         "retry": {"max_attempts": 1},
     }
+    if max_event_bytes is not None:
+        sections["limits"] = {"max_event_bytes": max_event_bytes}
     routes = [{"model": "tiny", "pools": ["good"]}, {"model": "bad", "pools": ["bad"]}]
     with running_stack(workdir, 2, {}, sections, routes=routes, pool_of=["good", "bad"]) as stack:
         # The hostile engine stands for another machine: a core of its own at low priority, so that its
@@ -238,6 +248,7 @@ def main() -> None:
     parser.add_argument("--interval", type=float, default=0.02, help="seconds between two probes of each kind")
     parser.add_argument("--results", type=Path, default=REPO / "benchmarks" / "results")
     parser.add_argument("--faults", default=",".join(HOSTILE), help="hostile kinds, of: " + ", ".join(HOSTILE))
+    parser.add_argument("--max-event-bytes", type=int, help="limits.max_event_bytes (default: the gateway's)")
     parser.add_argument("--hostile-client", metavar="URL", help=argparse.SUPPRESS)  # the hostile clients' process
     args = parser.parse_args()
     faults = [f for f in args.faults.split(",") if f]
@@ -245,7 +256,7 @@ def main() -> None:
         print(json.dumps(asyncio.run(_hostile_clients(args.hostile_client, args.hostile_s, faults))), flush=True)
         return
     with tempfile.TemporaryDirectory() as tmp:
-        figures = measure(args.quiet_s, args.hostile_s, args.interval, Path(tmp), faults)
+        figures = measure(args.quiet_s, args.hostile_s, args.interval, Path(tmp), faults, args.max_event_bytes)
     now = datetime.datetime.now(datetime.UTC)
     result = {
         "benchmark": "isolation",

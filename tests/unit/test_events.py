@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from gateway.protocols.events import LONG, EventSplitter, EventTooLarge
+from gateway.config import LimitsConfig
+from gateway.protocols.events import DEFAULT_MAX_EVENT_BYTES, LONG, EventSplitter, EventTooLarge
 from gateway.protocols.frames import DataFrames
 from gateway.protocols.native_observers import NativeObserver
 from gateway.protocols.sse import StreamObserver
@@ -125,3 +126,8 @@ def test_the_native_observer_reads_a_long_final_event() -> None:
     assert obs.content_events == 1 and obs.done
     assert obs.usage == {"prompt_tokens": 4, "completion_tokens": 9, "total_tokens": 13}
     assert obs._split.scanned == len(stream)
+
+
+def test_the_configured_default_is_the_scanners_default() -> None:
+    # gateway/config.py imports nothing from the gateway, so it spells the number itself.
+    assert LimitsConfig().max_event_bytes == DEFAULT_MAX_EVENT_BYTES
