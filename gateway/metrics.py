@@ -204,6 +204,13 @@ class GatewayMetrics:
             ("pool", "backend", "verdict"),
             registry=r,
         )
+        self.kv_prompt_ids = LeanCounter(
+            "gateway_kv_events_prompt_ids",
+            "kv_events: where a request's token ids for the cache match came from (remembered: its own; "
+            "prefix: an earlier turn's, its own asked in the background; asked: a tokenize call before routing).",
+            ("source",),
+            registry=r,
+        )
         self.wasted_tokens = LeanCounter(
             "gateway_disconnect_wasted_tokens", "Output tokens generated for clients that had left.", _REQ, registry=r
         )
@@ -269,7 +276,7 @@ class GatewayMetrics:
                 self.upstream_errors,
             ),
             *(self.client_disconnects, self.wasted_tokens, self.backend_up, self.backend_model),
-            *(self.kv_predicted_tokens, self.kv_served_tokens, self.kv_predictions),
+            *(self.kv_predicted_tokens, self.kv_served_tokens, self.kv_predictions, self.kv_prompt_ids),
             *(self.backend_load, self.scrape_age, self.rate_limited, self.limiter_up, self.limiter_errors),
             *(self.class_queue_wait, self.shed, self.budget_used, self.loop_lag),
         ]

@@ -177,7 +177,7 @@ def build(
         access=access_gate(config, metrics, memory),
         responses=responses or ResponseStore(config.limits.max_response_ids),
         kv_events=kv_events,
-        tokens=PromptTokens(config, registry, upstream, set(kv_events.subscribers)) if kv_events else None,
+        tokens=PromptTokens(config, registry, upstream, set(kv_events.subscribers), metrics) if kv_events else None,
         tracing=tracing or NoTracing(),
     )
 
@@ -267,6 +267,8 @@ async def stop_gateway(gw: Gateway, tasks: list[asyncio.Task[None]]) -> None:
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+    if gw.tokens is not None:
+        await gw.tokens.close()
     if gw.kv_events is not None:
         gw.kv_events.close()
     await gw.upstream.close()

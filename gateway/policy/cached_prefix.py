@@ -1,7 +1,8 @@
 """The kv_events decision: the backend whose KV cache (as its own events report it) holds the longest
-prefix of the prompt, kept while it is not saturated, else the least loaded; a bounded-load
-consistent hash when no backend holds any of it. Loads count requests already decided. Pure: the
-cache's state arrives as a snapshot of matched blocks per backend, the loads as numbers."""
+prefix of the prompt, kept while it is not saturated, else the one with room holding the most of it
+(then the least loaded); a bounded-load consistent hash when no backend holds any of it. Loads
+count requests already decided. Pure: the cache's state arrives as a snapshot of matched blocks per
+backend, the loads as numbers."""
 
 from __future__ import annotations
 
@@ -54,7 +55,8 @@ class EngineState:
 class KVChoice:
     favourite: str
     reason: str
-    """`sticky` (the longest cached prefix), `spill` (that backend is saturated: the least loaded),
+    """`sticky` (the longest cached prefix), `spill` (that backend is saturated: of those with room,
+    the one holding the most, then the least loaded),
     `hash` (nothing cached anywhere: the bounded-load hash choice) or `least_load` (no key)."""
     explanation: str
     """One line for x-gateway-balancer: the reason, the choice, matched blocks and loads per backend."""
@@ -89,6 +91,11 @@ def choose(
         holders = [s for s in open_ if matched.get(s.name, 0) == best]
         if holders:
             pick, reason = min(holders, key=lambda s: (s.load, s.name)), "sticky"
+        elif open_:
+            # The holders are saturated: of those with room, the one holding the most of the prompt
+            # (a partial holder still saves its blocks' prefill), then the least loaded.
+            pick = min(open_, key=lambda s: (-matched.get(s.name, 0), s.load, s.name))
+            reason = "spill"
         else:
             pick, reason = least, "spill"
     elif hashed:

@@ -56,6 +56,13 @@ CASES: list[tuple[str, Sequence[Candidate], BalanceKey, str, str]] = [
         "spill",
     ),
     (
+        "spill prefers a partial holder over a lighter empty one",
+        cands(1, 4, 0),
+        BalanceKey(cached=held(6, b0=3, b1=5)),
+        "b0",
+        "spill",
+    ),
+    (
         "decided requests are load",
         [Candidate("b0", 0), Candidate("b1", 0, decided=4)],
         BalanceKey(cached=held(6, b1=5)),

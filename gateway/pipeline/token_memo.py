@@ -1,0 +1,86 @@
+"""Token ids of prompts the engines have tokenized, remembered by a chained hash of their messages, so
+that a conversation's next turn is matched against the KV index from its remembered prefix without a
+round trip. Bounded by the ids it holds; least recently used first out."""
+
+from __future__ import annotations
+
+import json
+from array import array
+from collections import OrderedDict
+from collections.abc import Sequence
+from hashlib import blake2b
+from typing import Any, Final
+
+DEFAULT_MAX_IDS: Final = 4_000_000
+"""Token ids held in all: 16 MB (4 bytes an id), about 400 conversations of 10k tokens."""
+
+
+def message_keys(seed: str, messages: Sequence[Any]) -> list[bytes]:
+    """One key per leading run of messages: keys[k] names messages[: k + 1] under `seed` (the model
+    name the engine tokenizes for). Chained, so each message is encoded and hashed once."""
+    key = blake2b(seed.encode("utf-8", "surrogatepass"), digest_size=16, person=b"gw-memo").digest()
+    out = []
+    for message in messages:
+        h = blake2b(key, digest_size=16)
+        h.update(
+            json.dumps(message, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode(
+                "utf-8", "surrogatepass"
+            )
+        )
+        key = h.digest()
+        out.append(key)
+    return out
+
+
+def prompt_key(seed: str, prompt: str) -> bytes:
+    h = blake2b(seed.encode("utf-8", "surrogatepass"), digest_size=16, person=b"gw-memo-p")
+    h.update(prompt.encode("utf-8", "surrogatepass"))
+    return h.digest()
+
+
+class TokenMemo:
+    __slots__ = ("_entries", "_held", "max_ids")
+
+    def __init__(self, max_ids: int = DEFAULT_MAX_IDS) -> None:
+        self._entries: OrderedDict[bytes, array[int]] = OrderedDict()
+        self._held = 0
+        self.max_ids = max_ids
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def held(self) -> int:
+        """Token ids held in all."""
+        return self._held
+
+    def get(self, key: bytes) -> array[int] | None:
+        ids = self._entries.get(key)
+        if ids is not None:
+            self._entries.move_to_end(key)
+        return ids
+
+    def longest(self, keys: Sequence[bytes]) -> array[int] | None:
+        """The ids of the longest leading run whose key is held (keys in order, as message_keys
+        gives them), looked for from the longest down."""
+        for key in reversed(keys):
+            ids = self.get(key)
+            if ids is not None:
+                return ids
+        return None
+
+    def put(self, key: bytes, tokens: Sequence[int]) -> None:
+        if len(tokens) > self.max_ids:
+            return
+        try:
+            ids = array("I", tokens)
+        except OverflowError:  # an id outside 0..2^32-1: no vocabulary has one, so not kept
+            return
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self._held -= len(old)
+        self._entries[key] = ids
+        self._held += len(ids)
+        while self._held > self.max_ids:
+            _, dropped = self._entries.popitem(last=False)
+            self._held -= len(dropped)

@@ -1,0 +1,115 @@
+"""Token ids for the kv_events match, through a real gateway in front of two simulated vLLMs (the
+simulator answers POST /tokenize; its KV-event sockets are never bound: the match needs the ids,
+not the events): a conversation's first turn asks an engine before routing, its next turn is matched
+from the first turn's remembered ids while its own are asked in the background, the same state
+asked again needs no call, and the calls take the engines in turn."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+
+from engines.sim.server import SimServer
+from gateway.app.build import Gateway
+from gateway.config_loader import parse_config
+from gateway.pipeline.token_memo import message_keys
+from gateway.serving.server import start
+from tests.engines.servers import free_port
+from tests.live.conftest import sim_params
+
+pytestmark = pytest.mark.live
+
+TURN1 = [
+    {"role": "system", "content": "You answer questions about garden tools. " * 20},
+    {"role": "user", "content": "Which rake?"},
+]
+TURN2 = [*TURN1, {"role": "assistant", "content": "The leaf rake."}, {"role": "user", "content": "And for gravel?"}]
+
+
+@pytest.fixture
+async def stack() -> AsyncIterator[tuple[str, Gateway, list[SimServer]]]:
+    sims = [SimServer(sim_params()) for _ in range(2)]
+    for sim in sims:
+        await sim.start()
+    backends = [
+        {
+            "url": s.base_url,
+            "name": f"r{i}",
+            "model": "tiny",
+            "kv_events": {"endpoint": f"tcp://127.0.0.1:{free_port()}"},
+        }
+        for i, s in enumerate(sims)
+    ]
+    data: dict[str, Any] = {
+        "pools": {"vllm": {"engine": "sim", "flavour": "vllm", "balancer": "kv_events", "backends": backends}},
+        "routes": [{"model": "tiny", "pools": ["vllm"]}],
+        "health": {"interval_s": 60, "scrape_interval_s": 60},
+    }
+    running = await start(parse_config(data, env={}))
+    try:
+        yield running.base_url, running.gateway, sims
+    finally:
+        running.server.should_exit = True
+        await running.task
+        for sim in sims:
+            await sim.stop()
+
+
+def tokenize_calls(sims: list[SimServer]) -> list[int]:
+    return [sum(r.path == "/tokenize" for r in sim.stats.recent) for sim in sims]
+
+
+async def wait_for_calls(sims: list[SimServer], total: int) -> None:
+    async with asyncio.timeout(5):
+        while sum(tokenize_calls(sims)) < total:
+            await asyncio.sleep(0.01)
+
+
+def sources(gw: Gateway) -> dict[str, float]:
+    get = gw.metrics.registry.get_sample_value
+    return {
+        s: get("gateway_kv_events_prompt_ids_total", {"source": s}) or 0.0 for s in ("asked", "prefix", "remembered")
+    }
+
+
+async def test_a_next_turn_is_matched_from_the_remembered_first_turn(
+    stack: tuple[str, Gateway, list[SimServer]],
+) -> None:
+    url, gw, sims = stack
+    assert gw.tokens is not None
+    async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+
+        async def chat(messages: list[dict[str, str]]) -> None:
+            r = await client.post("/v1/chat/completions", json={"model": "tiny", "messages": messages, "max_tokens": 2})
+            assert r.status_code == 200, r.text
+
+        await chat(TURN1)
+        assert sources(gw) == {"asked": 1, "prefix": 0, "remembered": 0}
+        assert sum(tokenize_calls(sims)) == 1
+        await chat(TURN2)  # routed from turn 1's ids; its own asked after
+        assert sources(gw) == {"asked": 1, "prefix": 1, "remembered": 0}
+        await wait_for_calls(sims, 2)
+        await chat(TURN2)
+        await chat(TURN1)
+        assert sources(gw) == {"asked": 1, "prefix": 1, "remembered": 2}
+        assert tokenize_calls(sims) == [1, 1]  # one engine each, in turn
+        # What was remembered is the engine's own answer for those messages.
+        body = {"model": "tiny", "messages": TURN2, "add_generation_prompt": True}
+        direct = await client.post(sims[0].base_url + "/tokenize", json=body)
+        keys = message_keys("tiny", TURN2)
+        held = gw.tokens.memo.get(keys[-1])
+        assert held is not None and list(held) == direct.json()["tokens"]
+
+
+async def test_concurrent_first_turns_share_one_call(stack: tuple[str, Gateway, list[SimServer]]) -> None:
+    url, gw, sims = stack
+    async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+        body = {"model": "tiny", "messages": TURN1, "max_tokens": 2}
+        replies = await asyncio.gather(*(client.post("/v1/chat/completions", json=body) for _ in range(8)))
+    assert all(r.status_code == 200 for r in replies)
+    assert sum(tokenize_calls(sims)) < 8
+    assert sources(gw)["asked"] + sources(gw)["remembered"] == 8

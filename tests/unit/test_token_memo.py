@@ -1,0 +1,53 @@
+"""The memo of prompts' token ids: keys chained over the messages, the longest remembered leading run
+found, and the bound on the ids held."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.pipeline.token_memo import TokenMemo, message_keys, prompt_key
+
+pytestmark = pytest.mark.unit
+
+TURN1 = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "which rake?"}]
+TURN2 = [*TURN1, {"role": "assistant", "content": "the leaf rake"}, {"role": "user", "content": "and gravel?"}]
+
+
+def test_a_conversations_keys_extend_its_earlier_turns_keys() -> None:
+    one, two = message_keys("m", TURN1), message_keys("m", TURN2)
+    assert len(one) == 2 and len(two) == 4 and two[:2] == one
+    assert len(set(two)) == 4
+    # The same messages under another model, or with a key order changed, by value.
+    assert message_keys("other", TURN1)[0] != one[0]
+    assert message_keys("m", [{"content": "be brief", "role": "system"}])[0] == one[0]
+    assert message_keys("m", [{"role": "system", "content": "be brief!"}])[0] != one[0]
+    assert prompt_key("m", "x") != prompt_key("m", "y") and prompt_key("m", "x") == prompt_key("m", "x")
+
+
+def test_the_longest_remembered_leading_run_is_found() -> None:
+    memo = TokenMemo()
+    one, two = message_keys("m", TURN1), message_keys("m", TURN2)
+    memo.put(one[-1], [5, 6, 7])
+    assert memo.get(two[-1]) is None
+    earlier = memo.longest(two[:-1])
+    assert earlier is not None and list(earlier) == [5, 6, 7]
+    memo.put(two[1 + 1], [5, 6, 7, 8])  # the run of three messages
+    found = memo.longest(two[:-1])
+    assert found is not None and list(found) == [5, 6, 7, 8]
+    assert memo.longest(message_keys("m", [{"role": "user", "content": "new"}])) is None
+
+
+def test_the_least_recently_used_go_first_past_the_bound() -> None:
+    memo = TokenMemo(max_ids=10)
+    memo.put(b"a", range(4))
+    memo.put(b"b", range(4))
+    assert memo.get(b"a") is not None  # a is now the more recent
+    memo.put(b"c", range(4))
+    assert memo.get(b"b") is None and memo.get(b"a") is not None and memo.get(b"c") is not None
+    assert memo.held == 8 and len(memo) == 2
+    memo.put(b"a", range(2))  # replaced, not added
+    assert memo.held == 6
+    memo.put(b"huge", range(11))  # past the whole bound: not kept, nothing else dropped
+    assert memo.get(b"huge") is None and memo.held == 6
+    memo.put(b"neg", [1, -1])  # not a token id
+    assert memo.get(b"neg") is None
