@@ -207,7 +207,7 @@ class GatewayMetrics:
         self.kv_prompt_ids = LeanCounter(
             "gateway_kv_events_prompt_ids",
             "kv_events: where a request's token ids for the cache match came from (remembered: its own; "
-            "prefix: an earlier turn's, its own asked in the background; asked: a tokenize call before routing).",
+            "prefix: an earlier turn's or its system messages'; none: routed with no match).",
             ("source",),
             registry=r,
         )

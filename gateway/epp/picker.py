@@ -172,7 +172,7 @@ class Picker:
             )
         ids = None
         if gw.tokens is not None and gw.tokens.wanted(route):
-            ids = await gw.tokens.ids(route, resolved.name, request.view)
+            ids = gw.tokens.ids(route, resolved.name, request.view)
         plan = gw.router.plan(request, estimate, ids)
         try:
             ex.pool, ex.rule = plan.pool, plan.rule

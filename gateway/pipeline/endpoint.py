@@ -181,7 +181,7 @@ class CompletionEndpoint:
             if inbound.pin is None:
                 ids = None
                 if self._tokens is not None and self._tokens.wanted(route):
-                    ids = await self._tokens.ids(route, resolved.name, request.view)
+                    ids = self._tokens.ids(route, resolved.name, request.view)
                 plan = self._router.plan(request, estimate, ids)
                 decided = plan
                 if plan.explanation is not None:

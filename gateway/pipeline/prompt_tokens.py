@@ -1,16 +1,18 @@
 """A prompt's token ids as the engine will see them (chat template included), for matching against
 the engines' KV events. The ids come from the engine's own tokenize call (vLLM's and SGLang's POST
-/tokenize answer them), asked of the route's `kv_events` backends in turn, and are remembered
-(TokenMemo) by the chained hash of the messages. So a request is matched from, in order:
+/tokenize answer them), asked of the route's `kv_events` backends in turn, in the background, and
+are remembered (TokenMemo) by the chained hash of the messages. A request is matched from:
 
-- its own ids, remembered (the same conversation state asked again): no round trip;
-- the ids of its longest remembered leading run of messages (a conversation's earlier turn), which
-  are a prefix of its own up to the last message boundary, and all an engine can hold of it from
-  earlier requests; its own ids are then asked for in the background, for the next turn;
-- else its own ids, asked for before routing: one round trip (a conversation's first turn).
+- its own ids, remembered (the same conversation state sent again);
+- else the ids of its longest remembered leading run of messages (a conversation's earlier turn, or
+  its system prompt alone), a prefix of its own up to that run's last message: all an engine can
+  hold of it from earlier requests;
+- else nothing: it is routed as if nothing were cached (the balancer's hash, which every replica
+  computes alike, so a conversation's first turns have one home).
 
-A character estimate cannot stand in (it has no ids), so when the engine can't answer, the request
-is routed without a cache match (the balancer's hash)."""
+No request waits for a tokenize call: one round trip before routing cost more time to first token
+under load than the match saved (docs/routing.md, "kv_events"). Each request not remembered has its
+own ids asked, and a leading run of system messages its own, for the requests after it."""
 
 from __future__ import annotations
 
@@ -29,9 +31,9 @@ from gateway.upstream.client import UpstreamClient
 
 log = logging.getLogger(__name__)
 
-BACKGROUND_CALLS: Final = 4
-"""Background tokenize calls in flight at most; past it a request's own ids are not learned (its
-next turn then matches from an earlier one, or asks before routing)."""
+BACKGROUND_CALLS: Final = 8
+"""Tokenize calls in flight at most; past it a request's ids are not learned (its next turn then
+matches from an earlier one, or from nothing)."""
 
 
 class PromptTokens:
@@ -52,15 +54,15 @@ class PromptTokens:
         """Backends whose KV events the gateway follows."""
         self.memo = TokenMemo()
         self._turn = itertools.count()
-        self._asking: dict[bytes, asyncio.Future[list[int] | None]] = {}
-        """Tokenize calls in flight by the prompt's key: a second request for the same prompt waits
-        for the first call's answer instead of making its own."""
+        self._asking: set[bytes] = set()
+        """The keys of the prompts being asked: one call a prompt, however many requests send it."""
         self._background: set[asyncio.Task[Any]] = set()
 
     def wanted(self, route: RouteConfig) -> bool:
         return any(pool in self._pools for pool in route.pools)
 
-    async def ids(self, route: RouteConfig, model: str, view: Mapping[str, Any] | None) -> Sequence[int] | None:
+    def ids(self, route: RouteConfig, model: str, view: Mapping[str, Any] | None) -> Sequence[int] | None:
+        """The ids to match now (None: none known), and the calls that learn them for later."""
         if view is None:
             return None
         messages = view.get("messages") if isinstance(view.get("messages"), list) else None
@@ -77,16 +79,24 @@ class PromptTokens:
         if own is not None:
             self._count("remembered")
             return own
+        self._learn(route, model, messages, prompt, keys[-1])
+        if messages is not None:
+            system = _system_run(messages)
+            if 0 < system < len(keys) and self.memo.get(keys[system - 1]) is None:
+                self._learn(route, model, messages[:system], None, keys[system - 1])
         earlier = self.memo.longest(keys[:-1])
-        if earlier is not None:
-            self._count("prefix")
-            if len(self._background) < BACKGROUND_CALLS and keys[-1] not in self._asking:
-                task = asyncio.create_task(self._ask(route, model, messages, prompt, keys[-1]))
-                self._background.add(task)
-                task.add_done_callback(self._background.discard)
-            return earlier
-        self._count("asked")
-        return await self._ask(route, model, messages, prompt, keys[-1])
+        self._count("prefix" if earlier is not None else "none")
+        return earlier
+
+    def _learn(
+        self, route: RouteConfig, model: str, messages: list[Any] | None, prompt: str | None, key: bytes
+    ) -> None:
+        if len(self._background) >= BACKGROUND_CALLS or key in self._asking:
+            return
+        self._asking.add(key)  # now, not when the task starts: the next request may come first
+        task = asyncio.create_task(self._ask(route, model, messages, prompt, key))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def _count(self, source: str) -> None:
         self._metrics.child(self._metrics.kv_prompt_ids, source).inc()
@@ -98,21 +108,13 @@ class PromptTokens:
         messages: list[Any] | None,
         prompt: str | None,
         key: bytes,
-    ) -> list[int] | None:
-        waiting = self._asking.get(key)
-        if waiting is not None:
-            return await asyncio.shield(waiting)
-        future: asyncio.Future[list[int] | None] = asyncio.get_running_loop().create_future()
-        self._asking[key] = future
-        tokens: list[int] | None = None
+    ) -> None:
         try:
             tokens = await self._call(route, model, messages, prompt)
             if tokens is not None:
                 self.memo.put(key, tokens)
         finally:
-            del self._asking[key]
-            future.set_result(tokens)
-        return tokens
+            self._asking.discard(key)
 
     def _backend(self, route: RouteConfig) -> Backend | None:
         """The next of the route's event-streaming backends, in turn: no one engine answers every
@@ -154,3 +156,13 @@ class PromptTokens:
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
+
+
+def _system_run(messages: list[Any]) -> int:
+    """How many messages the conversation opens with that are system or developer instructions."""
+    n = 0
+    for message in messages:
+        if not isinstance(message, dict) or message.get("role") not in ("system", "developer"):
+            break
+        n += 1
+    return n

@@ -87,10 +87,15 @@ def choose(
     open_ = [s for s in states if not saturated(s, limit, sat)]
     least = min(open_ or states, key=lambda s: (s.load, -matched.get(s.name, 0), s.name))
     if best > 0:
-        # Of the backends holding the longest prefix, the least loaded that has room.
+        # Of the backends with room holding the longest prefix, the first in the conversation's hash
+        # order (its home), then the least loaded: a conversation that spilled once goes back home
+        # while there is room, and the copy elsewhere ages out instead of being kept warm by turns
+        # that alternate between the two.
         holders = [s for s in open_ if matched.get(s.name, 0) == best]
         if holders:
-            pick, reason = min(holders, key=lambda s: (s.load, s.name)), "sticky"
+            rank = {name: i for i, name in enumerate(hashed)}
+            home = min(holders, key=lambda s: (rank.get(s.name, len(rank)), s.load, s.name))
+            pick, reason = home, "sticky"
         elif open_:
             # The holders are saturated: of those with room, the one holding the most of the prompt
             # (a partial holder still saves its blocks' prefill), then the least loaded.

@@ -1,8 +1,9 @@
 """Token ids for the kv_events match, through a real gateway in front of two simulated vLLMs (the
 simulator answers POST /tokenize; its KV-event sockets are never bound: the match needs the ids,
-not the events): a conversation's first turn asks an engine before routing, its next turn is matched
-from the first turn's remembered ids while its own are asked in the background, the same state
-asked again needs no call, and the calls take the engines in turn."""
+not the events): a conversation's first turn is routed with none, while its ids and its system
+prompt's are asked in the background; its next turn is matched from the first turn's ids; the same
+state sent again needs no call; one prompt is asked once however many send it; the calls take the
+engines in turn."""
 
 from __future__ import annotations
 
@@ -72,7 +73,7 @@ async def wait_for_calls(sims: list[SimServer], total: int) -> None:
 def sources(gw: Gateway) -> dict[str, float]:
     get = gw.metrics.registry.get_sample_value
     return {
-        s: get("gateway_kv_events_prompt_ids_total", {"source": s}) or 0.0 for s in ("asked", "prefix", "remembered")
+        s: get("gateway_kv_events_prompt_ids_total", {"source": s}) or 0.0 for s in ("none", "prefix", "remembered")
     }
 
 
@@ -88,15 +89,19 @@ async def test_a_next_turn_is_matched_from_the_remembered_first_turn(
             assert r.status_code == 200, r.text
 
         await chat(TURN1)
-        assert sources(gw) == {"asked": 1, "prefix": 0, "remembered": 0}
-        assert sum(tokenize_calls(sims)) == 1
+        assert sources(gw) == {"none": 1, "prefix": 0, "remembered": 0}
+        await wait_for_calls(sims, 2)  # the whole turn, and its system prompt alone
         await chat(TURN2)  # routed from turn 1's ids; its own asked after
-        assert sources(gw) == {"asked": 1, "prefix": 1, "remembered": 0}
-        await wait_for_calls(sims, 2)
+        assert sources(gw) == {"none": 1, "prefix": 1, "remembered": 0}
+        await wait_for_calls(sims, 3)
         await chat(TURN2)
         await chat(TURN1)
-        assert sources(gw) == {"asked": 1, "prefix": 1, "remembered": 2}
-        assert tokenize_calls(sims) == [1, 1]  # one engine each, in turn
+        assert sources(gw) == {"none": 1, "prefix": 1, "remembered": 2}
+        assert tokenize_calls(sims) == [2, 1]  # the engines in turn
+        # A new conversation with the same system prompt is matched from the system prompt's ids.
+        other = [TURN1[0], {"role": "user", "content": "Which spade?"}]
+        await chat(other)
+        assert sources(gw)["prefix"] == 2
         # What was remembered is the engine's own answer for those messages.
         body = {"model": "tiny", "messages": TURN2, "add_generation_prompt": True}
         direct = await client.post(sims[0].base_url + "/tokenize", json=body)
@@ -111,5 +116,7 @@ async def test_concurrent_first_turns_share_one_call(stack: tuple[str, Gateway, 
         body = {"model": "tiny", "messages": TURN1, "max_tokens": 2}
         replies = await asyncio.gather(*(client.post("/v1/chat/completions", json=body) for _ in range(8)))
     assert all(r.status_code == 200 for r in replies)
-    assert sum(tokenize_calls(sims)) < 8
-    assert sources(gw)["asked"] + sources(gw)["remembered"] == 8
+    await wait_for_calls(sims, 2)
+    await asyncio.sleep(0.05)
+    assert sum(tokenize_calls(sims)) == 2  # the prompt and its system prompt, once each
+    assert sources(gw)["none"] + sources(gw)["remembered"] == 8

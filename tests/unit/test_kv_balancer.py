@@ -172,3 +172,15 @@ def test_saturation_thresholds_come_from_the_pool() -> None:
     choice = made.choose(busy, BalanceKey(cached=held(6, b1=5)))[1]
     assert choice is not None and choice.reason == "sticky"
     assert Saturation() == Saturation(POOL.kv_epsilon, POOL.kv_saturation_waiting, POOL.kv_saturation_kv_usage)
+
+
+def test_of_equal_holders_the_conversations_home_wins_over_a_lighter_load() -> None:
+    """Both hold the prompt (it spilled once): it goes back to its hash home while there is room, so
+    turns do not alternate and keep two copies warm."""
+    anchor = 12345
+    home = balancer().choose(cands(0, 0), BalanceKey(anchor=anchor))[1]
+    assert home is not None and home.reason == "hash"
+    loads = [0, 0]
+    loads[int(home.favourite[1:])] = 1  # one request more on the home, still under the bound (3)
+    choice = balancer().choose(cands(*loads), BalanceKey(anchor=anchor, cached=held(4, b0=3, b1=3)))[1]
+    assert choice is not None and (choice.favourite, choice.reason) == (home.favourite, "sticky")
