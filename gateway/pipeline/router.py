@@ -16,7 +16,7 @@ from gateway.fleet.registry import Backend, Registry
 from gateway.metrics import GatewayMetrics
 from gateway.pipeline.context import Candidate, Plan, Request
 from gateway.policy.balancer import BalanceKey, Balancer, KVEvents, make_balancer
-from gateway.policy.cached_prefix import CachedPrefix
+from gateway.policy.cached_prefix import PromptBlocks
 from gateway.policy.models import ModelNames, Resolved, choose_pool, upstream_model
 from gateway.policy.prefix import (
     PrefixTracker,
@@ -32,7 +32,9 @@ from gateway.policy.rules import Platform, RequestFacts
 class CacheView(Protocol):
     """What the engines' KV events say each backend holds (fleet/kvevents/fleet.py)."""
 
-    def cached(self, names: Iterable[str], tokens: Sequence[int]) -> CachedPrefix: ...
+    def cached(self, names: Iterable[str], tokens: Sequence[int], now: float) -> PromptBlocks: ...
+
+    def decided(self, name: str, prompt: PromptBlocks, now: float) -> None: ...
 
 
 class Router:
@@ -142,9 +144,10 @@ class Router:
         anchor_key = anchor.key if anchor else None
         if anchor is not None and session is not None:
             anchor_key = session_anchor(session)  # an agent's session first, its first message after
-        cached = None
+        cached = prompt = None
         if tokens and self._kv is not None and decision.pool in self._kv_pools:
-            cached = self._kv.cached((b.name for b in self._registry.pools.get(decision.pool, ())), tokens)
+            prompt = self._kv.cached((b.name for b in self._registry.pools.get(decision.pool, ())), tokens, now)
+            cached = prompt.cached
         key = BalanceKey(
             fingerprint=fp,
             session=session,
@@ -161,6 +164,8 @@ class Router:
                 # attempt takes its in_flight slot, and a burst decided meanwhile must see this one.
                 reserved = backends[0]
                 reserved.decided += 1
+                if prompt is not None and self._kv is not None:
+                    self._kv.decided(reserved.name, prompt, now)
             home = None
         else:
             backends, saturated, home = self.order(decision.pool, key, now, only)

@@ -30,6 +30,14 @@ class CachedPrefix:
 
 
 @value
+class PromptBlocks:
+    """A prompt's match (`cached`) and its block keys by block size, to note where it was routed."""
+
+    cached: CachedPrefix
+    keys: Mapping[int, Sequence[bytes]]
+
+
+@value
 class Saturation:
     """When a backend stops taking requests for its cache's sake (any one suffices)."""
 
@@ -85,7 +93,12 @@ def choose(
     matched: Mapping[str, int] = dict(cached.blocks) if cached is not None else {}
     best = max((matched.get(s.name, 0) for s in states), default=0)
     open_ = [s for s in states if not saturated(s, limit, sat)]
+    if not open_:
+        # Every engine reports a queue or a full cache: moving the request shortens no queue, and a
+        # cached prefix still saves its prefill, so only the load bound applies.
+        open_ = [s for s in states if s.load + 1.0 <= limit]
     least = min(open_ or states, key=lambda s: (s.load, -matched.get(s.name, 0), s.name))
+    rank = {name: i for i, name in enumerate(hashed)}
     if best > 0:
         # Of the backends with room holding the longest prefix, the first in the conversation's hash
         # order (its home), then the least loaded: a conversation that spilled once goes back home
@@ -93,7 +106,6 @@ def choose(
         # that alternate between the two.
         holders = [s for s in open_ if matched.get(s.name, 0) == best]
         if holders:
-            rank = {name: i for i, name in enumerate(hashed)}
             home = min(holders, key=lambda s: (rank.get(s.name, len(rank)), s.load, s.name))
             pick, reason = home, "sticky"
         elif open_:
@@ -103,7 +115,15 @@ def choose(
             reason = "spill"
         else:
             pick, reason = least, "spill"
+    elif cached is not None and open_:
+        # The prompt's ids are known and no engine holds any of it (a new conversation, or evicted):
+        # the least loaded, the hash order breaking ties, so that the engine carrying the cached
+        # conversations keeps its room for them. Later turns follow their blocks, wherever this is.
+        pick = min(open_, key=lambda s: (s.load, rank.get(s.name, len(rank)), s.name))
+        reason = "least_load"
     elif hashed:
+        # Nothing known of the prompt's ids: the conversation's hash home, which every replica
+        # computes alike, is the best guess at where earlier turns went.
         first = by_name[hashed[0]]
         pick, reason = (first, "hash") if not saturated(first, limit, sat) else (least, "spill")
     else:

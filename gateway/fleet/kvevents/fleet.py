@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Iterator, Sequence
+from typing import Final
 
 import zmq.asyncio
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -16,7 +17,13 @@ from gateway.fleet.kvevents.index import EngineIndex
 from gateway.fleet.kvevents.subscriber import EventSubscriber
 from gateway.metrics import GatewayMetrics
 from gateway.policy.blockkeys import chain_keys
-from gateway.policy.cached_prefix import CachedPrefix
+from gateway.policy.cached_prefix import CachedPrefix, PromptBlocks
+
+PENDING_S: Final = 10.0
+"""How long a routed prompt's blocks count as held by the backend it went to before its own events
+say so: past the queue wait and prefill of a loaded engine. Events that come sooner make it moot."""
+MAX_PENDING: Final = 200_000
+"""Pending block keys per backend at most (8 bytes each, ~6 MB): past it, no more are noted."""
 
 
 def follow(config: GatewayConfig, metrics: GatewayMetrics) -> KVEventFleet | None:
@@ -38,6 +45,8 @@ class KVEventFleet:
     def __init__(self, config: GatewayConfig) -> None:
         self._ctx = zmq.asyncio.Context()
         self.subscribers: dict[str, EventSubscriber] = {}
+        self._pending: dict[str, dict[bytes, float]] = {}
+        """backend -> block key -> until when it counts as held there (decided())."""
         for pool_name, pool in config.pools.items():
             engine = pool.flavour if pool.engine == "sim" else pool.engine
             for i, b in enumerate(pool.backends):
@@ -64,9 +73,10 @@ class KVEventFleet:
         """After the tasks are cancelled: their sockets are closed, the context goes."""
         self._ctx.destroy(linger=0)
 
-    def cached(self, names: Iterable[str], tokens: Sequence[int]) -> CachedPrefix:
-        """How many leading blocks of the prompt each named backend holds; keys are computed once
-        per block size, not per backend."""
+    def cached(self, names: Iterable[str], tokens: Sequence[int], now: float) -> PromptBlocks:
+        """How many leading blocks of the prompt each named backend holds, by its events or by this
+        gateway's recent decisions (decided()); keys are computed once per block size, not per
+        backend."""
         keys: dict[int, list[bytes]] = {}
         blocks: list[tuple[str, int]] = []
         sizes: list[tuple[str, int]] = []
@@ -80,9 +90,38 @@ class KVEventFleet:
             if size not in keys:
                 keys[size] = chain_keys(head, size)
             prompt_blocks = max(prompt_blocks, len(keys[size]))
-            blocks.append((name, sub.index.match(keys[size])))
+            blocks.append((name, self._held(name, sub.index, keys[size], now)))
             sizes.append((name, size))
-        return CachedPrefix(tuple(blocks), prompt_blocks, tuple(sizes))
+        return PromptBlocks(CachedPrefix(tuple(blocks), prompt_blocks, tuple(sizes)), keys)
+
+    def _held(self, name: str, index: EngineIndex, keys: Sequence[bytes], now: float) -> int:
+        n = index.match(keys)
+        pending = self._pending.get(name)
+        if not pending:
+            return n
+        while n < len(keys) and (pending.get(keys[n], 0.0) > now or index.holds(keys[n])):
+            n += 1
+        return n
+
+    def decided(self, name: str, prompt: PromptBlocks, now: float) -> None:
+        """The prompt was just routed to `name`: until its events can have come (PENDING_S), its
+        blocks count as held there, so that the same conversation's next request, sent before the
+        engine has prefilled this one, follows it instead of landing elsewhere and caching a copy."""
+        sub = self.subscribers.get(name)
+        if sub is None or sub.index.block_size is None:
+            return
+        keys = prompt.keys.get(sub.index.block_size)
+        if not keys:
+            return
+        pending = self._pending.setdefault(name, {})
+        if len(pending) + len(keys) > MAX_PENDING:
+            for key in [k for k, until in pending.items() if until <= now]:
+                del pending[key]
+            if len(pending) + len(keys) > MAX_PENDING:
+                return
+        until = now + PENDING_S
+        for key in keys:
+            pending[key] = until
 
 
 class KVEventCollector(Collector):

@@ -54,6 +54,9 @@ class EngineIndex:
             n += 1
         return n
 
+    def holds(self, key: bytes) -> bool:
+        return key in self._keys
+
     def match_tokens(self, tokens: Sequence[int], lora_name: str | None = None, cache_salt: str | None = None) -> int:
         """match() for a prompt's token ids, at this engine's block size; 0 before any event. The
         last token never counts: engines compute at least one token of every prompt (vLLM's and
