@@ -115,15 +115,10 @@ def choose(
             reason = "spill"
         else:
             pick, reason = least, "spill"
-    elif cached is not None and open_:
-        # The prompt's ids are known and no engine holds any of it (a new conversation, or evicted):
-        # the least loaded, the hash order breaking ties, so that the engine carrying the cached
-        # conversations keeps its room for them. Later turns follow their blocks, wherever this is.
-        pick = min(open_, key=lambda s: (s.load, rank.get(s.name, len(rank)), s.name))
-        reason = "least_load"
     elif hashed:
-        # Nothing known of the prompt's ids: the conversation's hash home, which every replica
-        # computes alike, is the best guess at where earlier turns went.
+        # No engine holds any of it (or its ids are not known): the conversation's hash home, which
+        # every replica computes alike, so that replicas agree on a new conversation's home and a
+        # replica that has not seen the conversation guesses where the others sent it.
         first = by_name[hashed[0]]
         pick, reason = (first, "hash") if not saturated(first, limit, sat) else (least, "spill")
     else:
