@@ -275,7 +275,7 @@ async def main():
     await sim.stop()
     loaded = sorted(m for m in sys.modules if m.split(".")[0] == "opentelemetry")
     assert not loaded, loaded
-    assert "gateway.tracing.otel" not in sys.modules
+    assert "gateway.tracing.recorder" not in sys.modules
     print("ok")
 
 asyncio.run(main())
