@@ -18,6 +18,7 @@ _PARENT_REMOTE = 0x300
 """Span.flags: HAS_IS_REMOTE and IS_REMOTE (the parent came from the client)."""
 _PARENT_LOCAL = 0x100
 _STATUS_ERROR = b"\x18\x02"
+_DOUBLE = struct.Struct("<d").pack
 
 
 def varint(n: int) -> bytes:
@@ -63,12 +64,30 @@ def any_value(value: AttributeValue) -> bytes | None:
 
 
 def attributes(tag: bytes, attrs: Mapping[str, AttributeValue]) -> bytes:
-    """Repeated KeyValue under `tag`, in the mapping's order."""
+    """Repeated KeyValue under `tag`, in the mapping's order. The common types are written inline
+    (this is most of an export's work); anything else goes through any_value."""
     out = []
+    one = _ONE_BYTE
     for name, value in attrs.items():
-        encoded = any_value(value)
-        if encoded is not None:
-            out.append(_field(tag, _key(name) + _field(b"\x12", encoded)))
+        kind = type(value)
+        if kind is str:
+            data = value.encode("utf-8", "surrogatepass")  # type: ignore[union-attr]
+            n = len(data)
+            v = b"\x0a" + (one[n] if n < 128 else varint(n)) + data
+        elif kind is int:
+            v = b"\x18" + varint(value & _MASK64)  # type: ignore[operator]
+        elif kind is bool:
+            v = b"\x10\x01" if value else b"\x10\x00"
+        elif kind is float:
+            v = b"\x21" + _DOUBLE(value)
+        else:
+            found = any_value(value)
+            if found is None:
+                continue
+            v = found
+        kv = _key(name) + b"\x12" + one[len(v)] + v if len(v) < 128 else _key(name) + _field(b"\x12", v)
+        n = len(kv)
+        out.append(tag + (one[n] if n < 128 else varint(n)) + kv)
     return b"".join(out)
 
 

@@ -14,7 +14,7 @@ from gateway.tracing import otlp
 from gateway.tracing.base import AttemptSpan, Attributes, RequestSpan
 from gateway.tracing.exporter import BatchExporter
 from gateway.tracing.record import CLIENT, INTERNAL, SERVER, SpanRecord
-from gateway.tracing.sampler import Sampler, parse_traceparent
+from gateway.tracing.sampler import LOW64, Sampler, parse_traceparent
 from gateway.tracing.settings import TracingSettings
 
 SCOPE = "llm-gateway"
@@ -28,6 +28,7 @@ class RecordingTracing:
     def __init__(self, settings: TracingSettings) -> None:
         self.settings = settings
         self.sampler = Sampler(settings.sampler, settings.ratio)
+        self._bound = self.sampler.bound
         resource = {**settings.resource, "telemetry.sdk.language": "python", "telemetry.sdk.name": SCOPE}
         self.exporter = BatchExporter(settings.export, otlp.resource(resource), otlp.scope(SCOPE, ""))
         self.bits = random.getrandbits  # the module's generator: reseeded in a forked child
@@ -35,20 +36,24 @@ class RecordingTracing:
         # a span's resolution over a process's life).
         self.offset_ns = time.time_ns() - time.perf_counter_ns()
 
-    def request(self, name: str, headers: Mapping[str, str], start: float) -> RequestSpan:
+    def request(self, method: str, path: str, headers: Mapping[str, str], start: float) -> RequestSpan:
         sent = headers.get("traceparent")
         parent = parse_traceparent(sent) if sent is not None else None
         if parent is None:
-            trace_id = self.bits(128) or 1
-            if not self.sampler.root(trace_id):
-                return Unsampled(self, trace_id, "")
-            record = SpanRecord(name, SERVER, trace_id, self.bits(64) or 1, 0, self.ns(start), {})
+            # A new trace: its id and the span id the engine would be told, in one draw; the
+            # sampler's root decision (Sampler.root) inlined, as this runs for every request.
+            ids = self.bits(192) or 1
+            trace_id = ids >> 64
+            if (trace_id & LOW64) >= self._bound:
+                return UnsampledRoot(ids)
+            record = SpanRecord(f"{method} {path}", SERVER, trace_id, ids & LOW64 or 1, 0, self.ns(start), {})
             return RecordingRequest(self, record)
         trace_id, parent_id, sampled = parent
         state = headers.get("tracestate", "")
         if not self.sampler.with_parent(trace_id, sampled):
-            return Unsampled(self, trace_id, state)
-        record = SpanRecord(name, SERVER, trace_id, self.bits(64) or 1, parent_id, self.ns(start), {}, state, True)
+            return UnsampledChild(self, trace_id, state)
+        span_id = self.bits(64) or 1
+        record = SpanRecord(f"{method} {path}", SERVER, trace_id, span_id, parent_id, self.ns(start), {}, state, True)
         return RecordingRequest(self, record)
 
     def ns(self, at: float) -> int:
@@ -58,8 +63,9 @@ class RecordingTracing:
         self.exporter.shutdown()
 
 
-def _with_context(base: dict[str, str], trace_id: int, span_id: int, flags: str, state: str) -> dict[str, str]:
-    out = {**base, "traceparent": f"00-{trace_id:032x}-{span_id:016x}-{flags}"}
+def _with_context(base: dict[str, str], trace_id: int, span_id: int, state: str) -> dict[str, str]:
+    """`base` with a sampled traceparent naming `span_id` (a copy: an attempt's own headers)."""
+    out = {**base, "traceparent": f"00-{trace_id:032x}-{span_id:016x}-01"}
     if state:
         out["tracestate"] = state
     else:
@@ -69,22 +75,14 @@ def _with_context(base: dict[str, str], trace_id: int, span_id: int, flags: str,
 
 class Unsampled:
     """A request the sampler left out: nothing is recorded, but the engine still gets a context with
-    the sampled flag off (the client's trace id, where it sent one), so that it records nothing either."""
+    the sampled flag off, so that it records nothing either."""
 
-    __slots__ = ("_state", "_trace_id", "_tracing")
+    __slots__ = ()
     recording = False
     trace_id = ""
 
-    def __init__(self, tracing: RecordingTracing, trace_id: int, state: str) -> None:
-        self._tracing = tracing
-        self._trace_id = trace_id
-        self._state = state
-
     def propagate(self, base: dict[str, str]) -> dict[str, str]:
-        out = {**base, "traceparent": f"00-{self._trace_id:032x}-{self._tracing.bits(64) or 1:016x}-00"}
-        if self._state:
-            out["tracestate"] = self._state
-        return out
+        raise NotImplementedError
 
     def set(self, attributes: Attributes) -> None:
         return None
@@ -105,6 +103,38 @@ class Unsampled:
         return None
 
 
+class UnsampledRoot(Unsampled):
+    """A new trace left out (most requests at a low ratio): its 128-bit trace id and a span id, drawn
+    together; formatted only if an attempt is made, as hex of the bytes (cheaper than a format spec)."""
+
+    __slots__ = ("_ids",)
+
+    def __init__(self, ids: int) -> None:
+        self._ids = ids
+
+    def propagate(self, base: dict[str, str]) -> dict[str, str]:
+        h = self._ids.to_bytes(24, "big").hex()
+        base["traceparent"] = f"00-{h[:32]}-{h[32:]}-00"
+        return base
+
+
+class UnsampledChild(Unsampled):
+    """A client's trace left out (its flag off, or the ratio): the engine gets the client's trace id."""
+
+    __slots__ = ("_state", "_trace_id", "_tracing")
+
+    def __init__(self, tracing: RecordingTracing, trace_id: int, state: str) -> None:
+        self._tracing = tracing
+        self._trace_id = trace_id
+        self._state = state
+
+    def propagate(self, base: dict[str, str]) -> dict[str, str]:
+        base["traceparent"] = f"00-{self._trace_id:032x}-{self._tracing.bits(64) or 1:016x}-00"
+        if self._state:
+            base["tracestate"] = self._state
+        return base
+
+
 class RecordingAttempt:
     __slots__ = ("_record", "_tracing")
 
@@ -114,7 +144,7 @@ class RecordingAttempt:
 
     def headers(self, base: dict[str, str]) -> dict[str, str]:
         r = self._record
-        return _with_context(base, r.trace_id, r.span_id, "01", r.trace_state)
+        return _with_context(base, r.trace_id, r.span_id, r.trace_state)
 
     def end(self, attributes: Attributes, error: str | None, at: float | None = None) -> None:
         r = self._record
@@ -137,7 +167,7 @@ class RecordingRequest:
 
     def propagate(self, base: dict[str, str]) -> dict[str, str]:
         r = self._record
-        return _with_context(base, r.trace_id, r.span_id, "01", r.trace_state)
+        return _with_context(base, r.trace_id, r.span_id, r.trace_state)
 
     def set(self, attributes: Attributes) -> None:
         self._record.attributes.update(attributes)

@@ -4,7 +4,7 @@ a client's sampled flag followed), and the W3C traceparent read from the client.
 
 from __future__ import annotations
 
-_LOW64 = (1 << 64) - 1
+LOW64 = (1 << 64) - 1
 _HEX = frozenset("0123456789abcdef")
 
 
@@ -24,10 +24,10 @@ class Sampler:
         self.follow_parent = name.startswith("parentbased_")
 
     def root(self, trace_id: int) -> bool:
-        return (trace_id & _LOW64) < self.bound
+        return (trace_id & LOW64) < self.bound
 
     def with_parent(self, trace_id: int, sampled: bool) -> bool:
-        return sampled if self.follow_parent else (trace_id & _LOW64) < self.bound
+        return sampled if self.follow_parent else (trace_id & LOW64) < self.bound
 
 
 def parse_traceparent(header: str) -> tuple[int, int, bool] | None:
