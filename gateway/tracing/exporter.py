@@ -7,9 +7,9 @@ queue drops the span and counts it, as the SDK's batch processor does."""
 from __future__ import annotations
 
 import gzip
-import http.client
 import logging
 import os
+import socket
 import ssl
 import threading
 import zlib
@@ -24,7 +24,9 @@ log = logging.getLogger("gateway.tracing")
 
 
 class OtlpHttp:
-    """POSTs encoded bodies to one OTLP/HTTP traces URL on a kept-alive connection."""
+    """POSTs encoded bodies to one OTLP/HTTP traces URL on a kept-alive connection: a plain blocking
+    socket and a minimal HTTP/1.1 exchange (the status line, the length or chunks of the answer,
+    nothing else read), as http.client's header parsing cost more than the export it carried."""
 
     def __init__(self, settings: ExportSettings) -> None:
         self._settings = settings
@@ -32,21 +34,25 @@ class OtlpHttp:
         self._https = url.scheme == "https"
         self._host = url.hostname or "localhost"
         self._port = url.port or (443 if self._https else 80)
-        self._path = (url.path or "/") + (f"?{url.query}" if url.query else "")
-        self._headers = {"content-type": "application/x-protobuf", **settings.headers}
+        path = (url.path or "/") + (f"?{url.query}" if url.query else "")
+        host = self._host if url.port is None else f"{self._host}:{url.port}"
+        lines = [f"POST {path} HTTP/1.1", f"host: {host}", "content-type: application/x-protobuf"]
         if settings.compression != "none":
-            self._headers["content-encoding"] = settings.compression
-        self._conn: http.client.HTTPConnection | None = None
+            lines.append(f"content-encoding: {settings.compression}")
+        lines += [f"{k}: {v}" for k, v in settings.headers.items() if "\n" not in k + v and "\r" not in k + v]
+        self._prefix = ("\r\n".join(lines) + "\r\ncontent-length: ").encode("latin-1", "replace")
+        self._sock: socket.socket | None = None
         self._failures = 0
 
-    def _connect(self) -> http.client.HTTPConnection:
+    def _connect(self) -> socket.socket:
         s = self._settings
+        sock = socket.create_connection((self._host, self._port), timeout=s.timeout_s)
         if not self._https:
-            return http.client.HTTPConnection(self._host, self._port, timeout=s.timeout_s)
+            return sock
         context = ssl.create_default_context(cafile=s.certificate)
         if s.client_certificate:
             context.load_cert_chain(s.client_certificate, s.client_key)
-        return http.client.HTTPSConnection(self._host, self._port, timeout=s.timeout_s, context=context)
+        return context.wrap_socket(sock, server_hostname=self._host)
 
     def post(self, body: bytes) -> bool:
         """One export (a second try on a fresh connection if the kept one had closed); False: lost."""
@@ -54,25 +60,61 @@ class OtlpHttp:
             body = gzip.compress(body, compresslevel=6)
         elif self._settings.compression == "deflate":
             body = zlib.compress(body)
+        message = self._prefix + str(len(body)).encode() + b"\r\n\r\n" + body
         for attempt in (1, 2):
             try:
-                if self._conn is None:
-                    self._conn = self._connect()
-                self._conn.request("POST", self._path, body, self._headers)
-                resp = self._conn.getresponse()
-                resp.read()
-            except (OSError, http.client.HTTPException) as exc:
+                if self._sock is None:
+                    self._sock = self._connect()
+                self._sock.sendall(message)
+                status = self._answer(self._sock)
+            except (OSError, ValueError) as exc:
                 self.close()
                 if attempt == 2:
                     return self._failed(f"{type(exc).__name__}: {exc}")
                 continue
-            if 200 <= resp.status < 300:
+            if 200 <= status < 300:
                 if self._failures:
                     log.info("trace export to %s works again", self._settings.endpoint)
                     self._failures = 0
                 return True
-            return self._failed(f"HTTP {resp.status}")
+            return self._failed(f"HTTP {status}")
         return False
+
+    def _answer(self, sock: socket.socket) -> int:
+        """The answer's status, its body read past (by length, chunks, or to the close)."""
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            chunk = sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("the collector closed the connection")
+            buf += chunk
+            if len(buf) > 1 << 16:
+                raise ValueError("an answer head over 64 KiB")
+        head, _, rest = buf.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        status = int(lines[0].split(" ", 2)[1])
+        fields = {}
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            fields[name.strip().lower()] = value.strip().lower()
+        if "chunked" in fields.get("transfer-encoding", ""):
+            while not rest.endswith(b"0\r\n\r\n"):  # the last chunk and an empty trailer
+                chunk = sock.recv(65536)
+                if not chunk:
+                    raise ConnectionError("the collector closed the connection mid-answer")
+                rest += chunk
+        elif "content-length" in fields:
+            left = int(fields["content-length"]) - len(rest)
+            while left > 0:
+                chunk = sock.recv(min(left, 65536))
+                if not chunk:
+                    raise ConnectionError("the collector closed the connection mid-answer")
+                left -= len(chunk)
+        else:
+            fields["connection"] = "close"  # its end is the close
+        if fields.get("connection") == "close" or lines[0].startswith("HTTP/1.0"):
+            self.close()
+        return status
 
     def _failed(self, why: str) -> bool:
         self._failures += 1
@@ -81,9 +123,9 @@ class OtlpHttp:
         return False
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
 
 
 class BatchExporter:
