@@ -11,7 +11,7 @@ import time
 from collections.abc import Mapping
 
 from gateway.tracing import otlp
-from gateway.tracing.base import AttemptSpan, Attributes, RequestSpan
+from gateway.tracing.base import AttemptSpan, Attributes, AttributeValue, RequestSpan
 from gateway.tracing.exporter import BatchExporter
 from gateway.tracing.record import CLIENT, INTERNAL, SERVER, SpanRecord
 from gateway.tracing.sampler import LOW64, Sampler, parse_traceparent
@@ -195,7 +195,7 @@ class RecordingRequest:
         limit = settings.max_content_chars
         text = data[: limit * 4].decode("utf-8", "replace")  # a character is at most 4 bytes
         clipped = len(text) > limit or len(data) > limit * 4
-        attributes = {"gen_ai.content": text[:limit], "gateway.content.truncated": clipped}
+        attributes: dict[str, AttributeValue] = {"gen_ai.content": text[:limit], "gateway.content.truncated": clipped}
         self._record.events.append((name, time.time_ns(), attributes))
 
     def end(self, attributes: Attributes, error: str | None, at: float) -> None:

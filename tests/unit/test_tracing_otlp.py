@@ -21,6 +21,7 @@ def value(v: AnyValue) -> Any:
     which = v.WhichOneof("value")
     if which == "array_value":
         return [value(x) for x in v.array_value.values]
+    assert which is not None
     return getattr(v, which)
 
 
