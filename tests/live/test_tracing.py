@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -374,16 +376,34 @@ def span_named(name: str) -> Any:
     return record
 
 
-def test_the_exporter_batches_drops_when_full_and_flushes_on_shutdown(receiver: OtlpReceiver) -> None:
+def test_the_exporter_drops_when_full(receiver: OtlpReceiver) -> None:
+    """Five spans into a queue of three before the thread can run (a long switch interval keeps it
+    off the GIL): two are dropped and counted, the three kept go as one batch."""
     exporter = exporter_for(receiver, OTEL_BSP_SCHEDULE_DELAY="60000", OTEL_BSP_MAX_QUEUE_SIZE="3")
     assert exporter._thread is None  # nothing recorded: no thread to wake
-    for n in range(5):
-        exporter.add(span_named(f"s{n}"))
+    interval = sys.getswitchinterval()
+    quiet = logging.getLogger("gateway.tracing")
+    quiet.disabled = True  # the drop's warning, written out, would let the thread in
+    sys.setswitchinterval(5.0)
+    try:
+        for n in range(5):
+            exporter.add(span_named(f"s{n}"))
+    finally:
+        sys.setswitchinterval(interval)
+        quiet.disabled = False
     assert exporter.dropped == 2
-    assert receiver.posts == 0  # the delay (60 s) has not passed
     exporter.shutdown()
     assert receiver.posts == 1 and [s.name for s in receiver.snapshot()] == ["s0", "s1", "s2"]
     assert exporter.exported == 3
+
+
+def test_shutdown_sends_what_is_queued(receiver: OtlpReceiver) -> None:
+    exporter = exporter_for(receiver, OTEL_BSP_SCHEDULE_DELAY="60000")
+    exporter.add(span_named("queued"))
+    time.sleep(0.2)
+    assert receiver.posts == 0  # the delay (60 s) has not passed
+    exporter.shutdown()
+    assert [s.name for s in receiver.snapshot()] == ["queued"] and exporter.exported == 1
 
 
 def test_a_full_batch_goes_before_the_delay(receiver: OtlpReceiver) -> None:
