@@ -83,28 +83,21 @@ class Gateway:
 
 def make_tracing(config: GatewayConfig, env: Mapping[str, str]) -> Tracing:
     """The tracer the `tracing:` block or the OTEL_* variables ask for; NoTracing when neither does,
-    and then nothing of OpenTelemetry is imported. Without the `otel` extra, a block in gateway.yaml
-    is an error; the variables alone (perhaps set for another program) only get a warning."""
+    and then the recorder and its exporter are not even imported."""
     settings = tracing_settings(config.tracing, env)
     if settings is None:
         return NoTracing()
-    try:
-        from gateway.tracing.otel import OtelTracing  # the `otel` extra; only a tracing gateway loads it
-    except ImportError as exc:
-        hint = f"tracing is on ({settings.source}) but OpenTelemetry is missing: pip install 'llm-gateway[otel]'"
-        if settings.source == "gateway.yaml":
-            raise RuntimeError(hint) from exc
-        log.warning("%s; serving without traces", hint)
-        return NoTracing()
+    from gateway.tracing.recorder import RecordingTracing  # only a tracing gateway loads it
+
     log.info(
         "tracing on (%s): service %s, sampler %s%s, exporting to %s",
         settings.source,
         settings.service_name,
         settings.sampler,
         f" {settings.ratio}" if "ratio" in settings.sampler else "",
-        settings.endpoint or "the OTEL_EXPORTER_OTLP_* endpoint",
+        settings.export.endpoint,
     )
-    return OtelTracing(settings)
+    return RecordingTracing(settings)
 
 
 def access_gate(config: GatewayConfig, metrics: GatewayMetrics, memory: MemoryStore | None = None) -> AccessGate:

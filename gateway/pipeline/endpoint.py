@@ -191,7 +191,7 @@ class CompletionEndpoint:
             ex.pool, ex.rule = plan.pool, plan.rule
             ticket = self._admission.ticket(client, request, estimate)
             held = await self._access.hold(client, estimate, self._admission.output_tokens(inbound.max_tokens))
-            admit_start = time.perf_counter() if trace is not None else 0.0
+            admit_start = time.perf_counter() if trace is not None and trace.recording else 0.0
             backends, plan, queued = await self._admission.admit(plan, route.label, ticket)
             if trace is not None and trace.recording:
                 balancer = self._balancers.get(plan.pool, "none")

@@ -36,7 +36,7 @@ def operation(api: str) -> str:
 
 def begin(tracing: Tracing, ex: Exchange, headers: Mapping[str, str], method: str) -> RequestSpan:
     """The request's server span, from its arrival, under the client's traceparent if any."""
-    trace = tracing.request(f"{method} {ex.path}", headers, ex.started)
+    trace = tracing.request(method, ex.path, headers, ex.started)
     if trace.recording:
         trace.set(
             {

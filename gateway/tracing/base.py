@@ -32,8 +32,9 @@ class RequestSpan(Protocol):
     """False for a trace the sampler left out: the caller builds no attributes for it."""
 
     def propagate(self, base: dict[str, str]) -> dict[str, str]:
-        """`base` with this request's context for the engine, where the trace is not recorded (its
-        sampled flag off); a recorded trace's attempts give theirs (AttemptSpan.headers)."""
+        """`base` (the request's own upstream headers, changed in place: each attempt sets it anew)
+        with this request's context for the engine, where the trace is not recorded (its sampled
+        flag off); a recorded trace's attempts give theirs (AttemptSpan.headers)."""
         ...
 
     def set(self, attributes: Attributes) -> None: ...
@@ -59,8 +60,9 @@ class Tracing(Protocol):
     enabled: bool
     """False: the request path starts no span at all (the one check it makes)."""
 
-    def request(self, name: str, headers: Mapping[str, str], start: float) -> RequestSpan:
-        """The server span of a request, continuing the client's `traceparent` when it sent one."""
+    def request(self, method: str, path: str, headers: Mapping[str, str], start: float) -> RequestSpan:
+        """The server span of a request (named `METHOD path`), continuing the client's `traceparent`
+        when it sent one."""
         ...
 
     def shutdown(self) -> None:
@@ -73,7 +75,7 @@ class NoTracing:
 
     enabled = False
 
-    def request(self, name: str, headers: Mapping[str, str], start: float) -> RequestSpan:
+    def request(self, method: str, path: str, headers: Mapping[str, str], start: float) -> RequestSpan:
         raise RuntimeError("tracing is off")
 
     def shutdown(self) -> None:

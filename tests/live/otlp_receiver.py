@@ -61,6 +61,8 @@ def _attributes(kvs: Any) -> dict[str, Any]:
 class OtlpReceiver:
     spans: list[ReceivedSpan] = field(default_factory=list)
     posts: int = 0
+    headers: list[dict[str, str]] = field(default_factory=list)
+    """Each POST's headers (names lower-cased), in arrival order."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _server: ThreadingHTTPServer | None = None
 
@@ -76,6 +78,8 @@ class OtlpReceiver:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("content-length", "0")))
+                with receiver._lock:
+                    receiver.headers.append({k.lower(): v for k, v in self.headers.items()})
                 if self.headers.get("content-encoding") == "gzip":
                     body = gzip.decompress(body)
                 if self.path != "/v1/traces" or "protobuf" not in self.headers.get("content-type", ""):

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -275,7 +277,7 @@ async def main():
     await sim.stop()
     loaded = sorted(m for m in sys.modules if m.split(".")[0] == "opentelemetry")
     assert not loaded, loaded
-    assert "gateway.tracing.otel" not in sys.modules
+    assert "gateway.tracing.recorder" not in sys.modules
     print("ok")
 
 asyncio.run(main())
@@ -335,3 +337,93 @@ async def test_a_new_trace_left_out_still_tells_the_engine(make_stack: StackFact
     assert server.trace_id == CLIENT_TRACE
     assert parent_of(followed.headers["traceparent"]) == (CLIENT_TRACE, by_kind(spans, CLIENT)[0].span_id, True)
     assert len(by_kind(spans, SERVER)) == 1
+
+
+async def test_the_exporter_variables_are_honoured(
+    make_stack: StackFactory, receiver: OtlpReceiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OTEL_EXPORTER_OTLP_TRACES_ENDPOINT (the full URL), _HEADERS (percent-decoded), _COMPRESSION and
+    OTEL_RESOURCE_ATTRIBUTES, as the SDK reads them."""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", f"{receiver.endpoint}/v1/traces")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "x-team=blue%20green,x-other=1")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip")
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "service.name=from-resource,deployment.environment=test")
+    stack = await make_stack()
+    async with httpx.AsyncClient(base_url=stack.base_url) as client:
+        assert (await client.post("/v1/chat/completions", json=chat(max_tokens=3))).status_code == 200
+    [server] = by_kind(await receiver.wait(one_request), SERVER)
+    assert server.service == "from-resource"
+    sent = receiver.headers[-1]
+    assert sent["x-team"] == "blue green" and sent["x-other"] == "1" and sent["content-encoding"] == "gzip"
+
+
+def exporter_for(receiver: OtlpReceiver, **env: str) -> Any:
+    from gateway.tracing import otlp
+    from gateway.tracing.exporter import BatchExporter
+    from gateway.tracing.settings import tracing_settings
+
+    settings = tracing_settings(None, {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, **env})
+    assert settings is not None
+    return BatchExporter(settings.export, otlp.resource({"service.name": "unit"}), otlp.scope("s", ""))
+
+
+def span_named(name: str) -> Any:
+    from gateway.tracing.record import SERVER as KIND
+    from gateway.tracing.record import SpanRecord
+
+    record = SpanRecord(name, KIND, 1, 2, 0, 10, {"k": "v"})
+    record.end_ns = 20
+    return record
+
+
+def test_the_exporter_drops_when_full(receiver: OtlpReceiver) -> None:
+    """Five spans into a queue of three before the thread can run (a long switch interval keeps it
+    off the GIL): two are dropped and counted, the three kept go as one batch."""
+    exporter = exporter_for(receiver, OTEL_BSP_SCHEDULE_DELAY="60000", OTEL_BSP_MAX_QUEUE_SIZE="3")
+    assert exporter._thread is None  # nothing recorded: no thread to wake
+    interval = sys.getswitchinterval()
+    quiet = logging.getLogger("gateway.tracing")
+    quiet.disabled = True  # the drop's warning, written out, would let the thread in
+    sys.setswitchinterval(5.0)
+    try:
+        for n in range(5):
+            exporter.add(span_named(f"s{n}"))
+    finally:
+        sys.setswitchinterval(interval)
+        quiet.disabled = False
+    assert exporter.dropped == 2
+    exporter.shutdown()
+    assert receiver.posts == 1 and [s.name for s in receiver.snapshot()] == ["s0", "s1", "s2"]
+    assert exporter.exported == 3
+
+
+def test_shutdown_sends_what_is_queued(receiver: OtlpReceiver) -> None:
+    exporter = exporter_for(receiver, OTEL_BSP_SCHEDULE_DELAY="60000")
+    exporter.add(span_named("queued"))
+    time.sleep(0.2)
+    assert receiver.posts == 0  # the delay (60 s) has not passed
+    exporter.shutdown()
+    assert [s.name for s in receiver.snapshot()] == ["queued"] and exporter.exported == 1
+
+
+def test_a_full_batch_goes_before_the_delay(receiver: OtlpReceiver) -> None:
+    exporter = exporter_for(receiver, OTEL_BSP_SCHEDULE_DELAY="60000", OTEL_BSP_MAX_EXPORT_BATCH_SIZE="2")
+    for n in range(2):
+        exporter.add(span_named(f"s{n}"))
+    spans = receiver.wait_blocking(lambda s: len(s) == 2, timeout=5)
+    assert [s.name for s in spans] == ["s0", "s1"]
+    exporter.shutdown()
+
+
+def test_a_collector_that_is_down_loses_the_batch_not_the_exporter(receiver: OtlpReceiver) -> None:
+    from gateway.tracing import otlp
+    from gateway.tracing.exporter import BatchExporter
+    from gateway.tracing.settings import tracing_settings
+
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", "OTEL_BSP_SCHEDULE_DELAY": "1"}  # nothing listens
+    settings = tracing_settings(None, env)
+    assert settings is not None
+    exporter = BatchExporter(settings.export, otlp.resource({}), otlp.scope("s", ""))
+    exporter.add(span_named("lost"))
+    exporter.shutdown()
+    assert exporter.exported == 0 and exporter._thread is not None and not exporter._thread.is_alive()
