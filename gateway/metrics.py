@@ -233,6 +233,18 @@ class GatewayMetrics:
         self.scrape_age = LeanGauge(
             "gateway_backend_scrape_age_seconds", "Age of the last good load scrape.", ("pool", "backend"), registry=r
         )
+        self.pool_endpoints = LeanGauge(
+            "gateway_inference_pool_endpoints",
+            "Endpoints (ready pod IP x target port) an InferencePool lists now, as last applied.",
+            ("pool", "inference_pool"),
+            registry=r,
+        )
+        self.pool_watch_restarts = LeanCounter(
+            "gateway_inference_pool_watch_restarts",
+            "Times the InferencePool's pod watch started again (reason: ended, expired, error).",
+            ("pool", "inference_pool", "reason"),
+            registry=r,
+        )
         # Client keys.
         self.rate_limited = LeanCounter(
             "gateway_rate_limited",
