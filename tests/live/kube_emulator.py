@@ -44,7 +44,9 @@ def status(code: int, reason: str, message: str) -> dict[str, Any]:
     }
 
 
-def pod(name: str, ip: str | None, labels: dict[str, str], ready: bool = True, phase: str = "Running") -> dict[str, Any]:
+def pod(
+    name: str, ip: str | None, labels: dict[str, str], ready: bool = True, phase: str = "Running"
+) -> dict[str, Any]:
     """A Pod as the API lists it (the fields the gateway reads, and a few beside them)."""
     conditions = [
         {"type": "Initialized", "status": "True"},

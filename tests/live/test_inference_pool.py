@@ -176,9 +176,7 @@ async def test_the_watch_ending_resumes_from_its_version_and_410_lists_again(clu
     c.api.put(pod("vllm-d", d, LABELS))
     await until(lambda: c.api.calls.count("list") > lists, "a fresh list after 410")
     await until(lambda: set(c.members()) == {name(a, c), name(b, c), name(d, c)}, "the relist's pods")
-    assert c.metric(
-        "gateway_inference_pool_watch_restarts_total", pool="vllm", inference_pool="vllm", reason="expired"
-    )
+    assert c.metric("gateway_inference_pool_watch_restarts_total", pool="vllm", inference_pool="vllm", reason="expired")
 
 
 @pytest.mark.parametrize("cluster", [True], indirect=True)
