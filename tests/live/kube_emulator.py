@@ -18,6 +18,7 @@ Shapes, from the Kubernetes reference:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import json
 import socket
@@ -193,10 +194,8 @@ class KubeEmulator:
             if self._end != end:
                 return
             changed = self._changed
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), 5)
-            except TimeoutError:
-                pass
 
     async def start(self) -> None:
         app = Starlette(
