@@ -291,6 +291,7 @@ class GatewayMetrics:
             *(self.kv_predicted_tokens, self.kv_served_tokens, self.kv_predictions, self.kv_prompt_ids),
             *(self.backend_load, self.scrape_age, self.rate_limited, self.limiter_up, self.limiter_errors),
             *(self.class_queue_wait, self.shed, self.budget_used, self.loop_lag),
+            *(self.pool_endpoints, self.pool_watch_restarts),
         ]
         self._fine = [m for m in made if isinstance(m, FineHistogram)]
         self._coarse = CollectorRegistry(auto_describe=True)

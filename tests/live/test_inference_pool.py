@@ -124,6 +124,8 @@ async def test_first_list_then_pods_joining_turning_unready_and_leaving(cluster:
     await until(lambda: c.members() == {name(a, c): True}, "the first list: only the ready pod of the pool")
     assert await c.ready()
     assert c.metric("gateway_inference_pool_endpoints", pool="vllm", inference_pool="vllm") == 1
+    page = c.gateway.gateway.metrics.exposition().decode()
+    assert 'gateway_inference_pool_endpoints{inference_pool="vllm",pool="vllm"} 1.0' in page
     assert {await c.served_by() for _ in range(3)} == {name(a, c)}
     assert c.sims[a].stats.seen >= 3
 
