@@ -73,7 +73,8 @@ class PoolFollower:
         self._metrics = metrics
         self._name = ref.name
         self._namespace = namespace_of(ref, env)
-        self._api = KubeApi(ref, env)
+        self._ref, self._env = ref, env
+        self._api: KubeApi | None = None
         self._pods: dict[str, tuple[str, ...]] = {}
         self.watch_s = WATCH_S
         self.backoff_s = BACKOFF_S
@@ -87,7 +88,10 @@ class PoolFollower:
         try:
             while True:
                 try:
-                    await self._follow()
+                    # Made here, not at build: outside a pod with no api_server this is an error to
+                    # log and retry (readiness stays false), not a crash at start-up.
+                    self._api = self._api or KubeApi(self._ref, self._env)
+                    await self._follow(self._api)
                     delay = self.backoff_s[0]
                 except (KubeApiError, PoolShapeError, httpx.HTTPError, OSError, ValueError, KeyError) as exc:
                     self._restarted("error")
@@ -101,17 +105,18 @@ class PoolFollower:
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, self.backoff_s[1])
         finally:
-            await self._api.close()
+            if self._api is not None:
+                await self._api.close()
 
     def _restarted(self, reason: str) -> None:
         self._metrics.pool_watch_restarts.labels(self._entry.pool, self._name, reason).inc()
 
-    async def _follow(self) -> None:
+    async def _follow(self, api: KubeApi) -> None:
         """One list, then watches from its resourceVersion until the pool changes or a 410."""
         pool_path = f"/apis/{GROUP_VERSION}/namespaces/{self._namespace}/inferencepools/{self._name}"
-        selector, ports = pool_spec(await self._api.get(pool_path))
+        selector, ports = pool_spec(await api.get(pool_path))
         pods_path = f"/api/v1/namespaces/{self._namespace}/pods"
-        listing = await self._api.get(pods_path, {"labelSelector": selector})
+        listing = await api.get(pods_path, {"labelSelector": selector})
         self._pods = {
             str(pod["metadata"]["name"]): pod_endpoints(pod, ports) for pod in listing.get("items") or () if pod
         }
@@ -129,7 +134,7 @@ class PoolFollower:
                 "timeoutSeconds": str(self.watch_s),
             }
             try:
-                async for event in self._api.watch(pods_path, params, self.watch_s + 30):
+                async for event in api.watch(pods_path, params, self.watch_s + 30):
                     kind, obj = event.get("type"), event.get("object") or {}
                     if kind == "ERROR":
                         if obj.get("code") == 410:
@@ -151,7 +156,7 @@ class PoolFollower:
                 log.info("InferencePool %s: the watch's version expired (410); listing again", self.label)
                 return
             self._restarted("ended")
-            if pool_spec(await self._api.get(pool_path)) != (selector, ports):
+            if pool_spec(await api.get(pool_path)) != (selector, ports):
                 log.info("InferencePool %s changed its selector or ports; listing again", self.label)
                 return
 

@@ -227,3 +227,28 @@ def test_pod_and_pool_shapes() -> None:
     assert pod_endpoints(pod("p", "10.1.2.3", LABELS, ready=False), ports) == ()
     spec = {"spec": {"selector": {"matchLabels": {"b": "2", "a": "1"}}, "targetPorts": [{"number": 8000}]}}
     assert pool_spec(spec) == ("a=1,b=2", (8000,))
+
+
+async def test_outside_a_pod_without_api_server_is_logged_and_retried(caplog: pytest.LogCaptureFixture) -> None:
+    from gateway.app.build import build
+    from gateway.fleet.inference_pool import PoolFollower
+
+    data = {
+        "pools": {"vllm": {"engine": "vllm", "backends": [{"inference_pool": {"name": "vllm"}}]}},
+        "routes": [{"model": "tiny", "pools": ["vllm"]}],
+    }
+    gw = build(parse_config(data, env={}))
+    (entry,) = gw.registry.pool_entries
+    follower = PoolFollower(gw.registry, entry, gw.health, gw.metrics, env={})
+    follower.backoff_s = (0.01, 0.02)
+    task = asyncio.create_task(follower.run())
+    try:
+        await until(lambda: "KUBERNETES_SERVICE_HOST is not set" in caplog.text, "the hint in the log")
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await gw.upstream.close()
+    assert not gw.registry.synced()
+    assert gw.metrics.registry.get_sample_value(
+        "gateway_inference_pool_watch_restarts_total", {"pool": "vllm", "inference_pool": "vllm", "reason": "error"}
+    )
