@@ -45,3 +45,12 @@ def test_the_epp_flags_rename_the_one_entry() -> None:
         with_inference_pool(parse_config(config({"url": "http://x:1"}), env={}), "vllm", None)
     with pytest.raises(ValueError):
         with_inference_pool(loaded, "Bad_Name", None)
+
+
+def test_gateway_plan_prints_a_pod_command_for_an_inference_pool_entry() -> None:
+    from gateway.tools.plan import render_plan
+
+    loaded = parse_config(config({"inference_pool": {"name": "vllm"}, "model": "m"}), env={})
+    text = render_plan(loaded, kv_config=None, parallel=4, windows={})
+    assert "# the pods of InferencePool vllm" in text
+    assert "--host 0.0.0.0 --port 8000" in text
