@@ -52,6 +52,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+RELOAD_SYNC_S = 5.0
+
 
 @dataclass
 class Gateway:
@@ -383,6 +385,11 @@ class GatewayApp:
             build(config, self._platform, self._metrics, self._lifecycle, self._memory, pins, self._tracing)
         )
         await _start(new)
+        # The old gateway keeps serving while the new one lists its InferencePools' pods (up to
+        # RELOAD_SYNC_S: with the API down, the new one goes on without them, and /readyz says so).
+        deadline = asyncio.get_running_loop().time() + RELOAD_SYNC_S
+        while not new.gateway.registry.synced() and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
         old, self._served = self._served, new
         gone = {b.name for b in old.gateway.registry} - {b.name for b in new.gateway.registry}
         for name in gone:  # its stored responses went with it: a later request naming one gets a 404

@@ -218,6 +218,26 @@ async def test_the_token_file_is_read_again_for_each_call(cluster: Cluster) -> N
     assert set(c.api.tokens[calls:]) == {"Bearer token-2"}
 
 
+async def test_a_reload_keeps_serving_and_ready_while_the_new_gateway_lists_the_pods(cluster: Cluster) -> None:
+    from gateway.app.build import GatewayApp
+
+    c = cluster
+    c.api.put(pod("vllm-a", IPS[0], LABELS))
+    await until(lambda: bool(c.members()), "the first list")
+    app = c.gateway.server.config.loaded_app
+    assert isinstance(app, GatewayApp)
+    c.api.down = True  # the new gateway cannot list yet: the old one serves meanwhile
+    reload = asyncio.create_task(app.reload(c.gateway.gateway.config))
+    await until(lambda: c.api.calls.count("get-pool") >= 1 and not reload.done(), "the new gateway's first try")
+    await asyncio.sleep(0.3)
+    assert not reload.done()
+    assert await c.ready() and await c.served_by() == name(IPS[0], c)
+    c.api.down = False
+    await asyncio.wait_for(reload, 10)
+    assert app.gateway.registry.synced() and await c.ready()
+    assert await c.served_by() == name(IPS[0], c)
+
+
 def test_pod_and_pool_shapes() -> None:
     ports = (8000, 8001)
     assert pod_endpoints(pod("p", "10.1.2.3", LABELS), ports) == ("10.1.2.3:8000", "10.1.2.3:8001")
