@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.bench import command as bench_command
-from gateway.config import GatewayConfig
+from gateway.config import GatewayConfig, with_inference_pool
 from gateway.config_loader import ConfigError, load_config
 from gateway.tools import kvcommand
 
@@ -75,6 +75,11 @@ def cmd_epp(args: argparse.Namespace) -> int:
 
     config = _load(args.config)
     if config is None:
+        return 1
+    try:
+        config = with_inference_pool(config, args.pool_name, args.pool_namespace)
+    except ValueError as exc:
+        print(f"gateway: {exc}", file=sys.stderr)
         return 1
     try:
         from gateway.epp.server import EppListenError, run_epp
@@ -179,6 +184,14 @@ def parser() -> argparse.ArgumentParser:
     ep.add_argument("--port", type=int, default=9002, help="the gRPC port (default 9002)")
     ep.add_argument("--metrics-port", type=int, default=None, help="serve GET /metrics on this port")
     ep.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    ep.add_argument("--pool-name", default=None, help="the InferencePool (overrides the inference_pool entry's name)")
+    ep.add_argument("--pool-namespace", default=None, help="its namespace (unset: the entry's, else $NAMESPACE)")
+    ep.add_argument(
+        "--pool-group",
+        default="inference.networking.k8s.io",
+        choices=["inference.networking.k8s.io"],
+        help="the InferencePool's API group (v1 only)",
+    )
     ep.set_defaults(func=cmd_epp)
 
     c = sub.add_parser("check", help="validate a config file")

@@ -256,8 +256,32 @@ class KVEventsSource(_Model):
         return self
 
 
+class InferencePoolRef(_Model):
+    """A Kubernetes InferencePool (inference.networking.k8s.io/v1) whose ready pods are this entry's
+    members: each pod IP x each of the pool's targetPorts (gateway/fleet/inference_pool.py)."""
+
+    name: Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", max_length=253)]
+    namespace: Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)] | None = None
+    """Unset: the NAMESPACE variable, else the service account's namespace, else `default`."""
+    api_server: str | None = None
+    """The API server's base URL; unset: https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT
+    (in-cluster). `http://127.0.0.1:8001` for `kubectl proxy`."""
+    token_file: str = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    """Read again for every request: bound service-account tokens rotate. A missing file: no token."""
+    ca_file: str = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
+    """The CA an https:// API server's certificate is checked against."""
+
+    @field_validator("api_server")
+    @classmethod
+    def _check_api_server(cls, url: str | None) -> str | None:
+        if url is not None and not re.match(r"^https?://[^/\s]+", url):
+            raise ValueError("api_server must be an http:// or https:// URL")
+        return url
+
+
 class BackendConfig(_Model):
-    url: str
+    url: str = ""
+    """Required unless `inference_pool` names where the members come from."""
     name: Annotated[str, Field(pattern=_NAME_PATTERN)] | None = None
     api_key: SecretStr | None = None
     model: str | None = None
@@ -274,15 +298,21 @@ class BackendConfig(_Model):
     headless-Service DNS of Kubernetes, where one name lists every engine pod."""
     kv_events: KVEventsSource | None = None
     """The engine's KV-event stream, for the `kv_events` balancer (needs the `kv-events` extra)."""
+    inference_pool: InferencePoolRef | None = None
+    """Members from a Kubernetes InferencePool's ready pods, kept current by a list and watch."""
 
     @model_validator(mode="after")
     def _check_kv_events(self) -> BackendConfig:
-        if self.kv_events is not None and self.discover:
-            raise ValueError("kv_events names one engine's stream: give each engine its own entry, not discover")
+        if self.kv_events is not None and (self.discover or self.inference_pool is not None):
+            raise ValueError("kv_events names one engine's stream: give each engine its own entry")
         return self
 
     @model_validator(mode="after")
     def _check_url(self) -> BackendConfig:
+        if self.inference_pool is not None:
+            if self.url or self.discover:
+                raise ValueError("inference_pool gives the members' addresses: no url or discover with it")
+            return self
         if not re.match(r"^https?://[^/\s]+", self.url):
             raise ValueError(f"url must be http(s)://host[:port][/path], got {self.url!r}")
         return self
@@ -427,6 +457,33 @@ class GatewayConfig(_Model):
             if route.is_glob and fnmatch.fnmatchcase(model, route.model):
                 return route
         return None
+
+
+def with_inference_pool(config: GatewayConfig, name: str | None, namespace: str | None) -> GatewayConfig:
+    """The config with its one `inference_pool` entry renamed (`gateway epp --pool-name`,
+    `--pool-namespace`); ValueError when it has none or several."""
+    if name is None and namespace is None:
+        return config
+    found = [(p, i) for p, pool in config.pools.items() for i, b in enumerate(pool.backends) if b.inference_pool]
+    if len(found) != 1:
+        raise ValueError(
+            f"--pool-name/--pool-namespace rename the one backend entry with inference_pool:, and the config has "
+            f"{len(found)} (the entry says which engine, model and limits the pool's pods have)"
+        )
+    (pool_name, index), pool = found[0], config.pools[found[0][0]]
+    entry = pool.backends[index]
+    assert entry.inference_pool is not None
+    update: dict[str, str] = {}
+    if name is not None:
+        update["name"] = name
+    if namespace is not None:
+        update["namespace"] = namespace
+    ref = InferencePoolRef.model_validate({**entry.inference_pool.model_dump(), **update})
+    backends = list(pool.backends)
+    backends[index] = entry.model_copy(update={"inference_pool": ref})
+    pools = dict(config.pools)
+    pools[pool_name] = pool.model_copy(update={"backends": tuple(backends)})
+    return config.model_copy(update={"pools": pools})
 
 
 def backend_name(pool: str, index: int, backend: BackendConfig) -> str:

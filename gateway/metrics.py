@@ -233,6 +233,18 @@ class GatewayMetrics:
         self.scrape_age = LeanGauge(
             "gateway_backend_scrape_age_seconds", "Age of the last good load scrape.", ("pool", "backend"), registry=r
         )
+        self.pool_endpoints = LeanGauge(
+            "gateway_inference_pool_endpoints",
+            "Endpoints (ready pod IP x target port) an InferencePool lists now, as last applied.",
+            ("pool", "inference_pool"),
+            registry=r,
+        )
+        self.pool_watch_restarts = LeanCounter(
+            "gateway_inference_pool_watch_restarts",
+            "Times the InferencePool's pod watch started again (reason: ended, expired, error).",
+            ("pool", "inference_pool", "reason"),
+            registry=r,
+        )
         # Client keys.
         self.rate_limited = LeanCounter(
             "gateway_rate_limited",
@@ -279,6 +291,7 @@ class GatewayMetrics:
             *(self.kv_predicted_tokens, self.kv_served_tokens, self.kv_predictions, self.kv_prompt_ids),
             *(self.backend_load, self.scrape_age, self.rate_limited, self.limiter_up, self.limiter_errors),
             *(self.class_queue_wait, self.shed, self.budget_used, self.loop_lag),
+            *(self.pool_endpoints, self.pool_watch_restarts),
         ]
         self._fine = [m for m in made if isinstance(m, FineHistogram)]
         self._coarse = CollectorRegistry(auto_describe=True)

@@ -47,9 +47,12 @@ from gateway.tracing.settings import tracing_settings
 from gateway.upstream.client import UpstreamClient
 
 if TYPE_CHECKING:
+    from gateway.fleet.inference_pool import PoolFollower
     from gateway.fleet.kvevents.fleet import KVEventFleet
 
 log = logging.getLogger(__name__)
+
+RELOAD_SYNC_S = 5.0
 
 
 @dataclass
@@ -79,6 +82,8 @@ class Gateway:
     tokens: PromptTokens | None = None
     tracing: Tracing = field(default_factory=lambda: NoTracing())
     """The tracer (NoTracing when tracing is off); built once per process, kept across reloads."""
+    pool_followers: list[PoolFollower] = field(default_factory=list)
+    """One per `inference_pool` backend entry: its pods, listed and watched."""
 
 
 def make_tracing(config: GatewayConfig, env: Mapping[str, str]) -> Tracing:
@@ -151,6 +156,13 @@ def build(
         config.limits.max_response_bytes,
         config.limits.max_event_bytes,
     )
+    health = HealthChecker(registry, health_state, upstream, metrics, config.health)
+    followers: list[PoolFollower] = []
+    if registry.pool_entries:
+        # Imported only here: a gateway without an InferencePool loads no httpx.
+        from gateway.fleet.inference_pool import PoolFollower
+
+        followers = [PoolFollower(registry, e, health, metrics, os.environ) for e in registry.pool_entries]
     return Gateway(
         config=config,
         metrics=metrics,
@@ -164,7 +176,7 @@ def build(
         admission=Admission(capacity, router, config.limits, metrics, config.sharing),
         relay=relay,
         attempts=Attempts(capacity, passive, upstream, router, relay, metrics, accounting),
-        health=HealthChecker(registry, health_state, upstream, metrics, config.health),
+        health=health,
         scraper=LoadScraper(registry, upstream, metrics, config.health),
         lifecycle=lifecycle,
         access=access_gate(config, metrics, memory),
@@ -172,6 +184,7 @@ def build(
         kv_events=kv_events,
         tokens=PromptTokens(config, registry, upstream, set(kv_events.subscribers), metrics) if kv_events else None,
         tracing=tracing or NoTracing(),
+        pool_followers=followers,
     )
 
 
@@ -249,6 +262,8 @@ async def start_gateway(gw: Gateway) -> list[asyncio.Task[None]]:
         asyncio.create_task(gw.health.run(), name="health"),
         asyncio.create_task(gw.scraper.run(), name="scraper"),
     ]
+    for follower in gw.pool_followers:  # readiness waits for each one's first list
+        tasks.append(asyncio.create_task(follower.run(), name=f"inference-pool {follower.label}"))
     if gw.kv_events is not None:
         tasks += gw.kv_events.start()
         for name, sub in gw.kv_events.subscribers.items():
@@ -363,6 +378,11 @@ class GatewayApp:
             build(config, self._platform, self._metrics, self._lifecycle, self._memory, pins, self._tracing)
         )
         await _start(new)
+        # The old gateway keeps serving while the new one lists its InferencePools' pods (up to
+        # RELOAD_SYNC_S: with the API down, the new one goes on without them, and /readyz says so).
+        deadline = asyncio.get_running_loop().time() + RELOAD_SYNC_S
+        while not new.gateway.registry.synced() and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
         old, self._served = self._served, new
         gone = {b.name for b in old.gateway.registry} - {b.name for b in new.gateway.registry}
         for name in gone:  # its stored responses went with it: a later request naming one gets a 404

@@ -92,7 +92,7 @@ class Endpoints:
 
     async def readyz(self, request: Request) -> Response:
         healthy = [b.name for b in self._registry if b.healthy]
-        ready = bool(healthy) and not self._lifecycle.draining
+        ready = bool(healthy) and not self._lifecycle.draining and self._registry.synced()
         return JSONResponse(
             {
                 "ready": ready,

@@ -1,6 +1,7 @@
 """gRPC's standard health service for `gateway epp`: "liveness" is serving while the process runs;
 "readiness" and the empty service name (what Kubernetes' gRPC probe and grpc_health_probe ask by
-default) are serving once some backend passed its health check."""
+default) are serving once some backend passed its health check (and every InferencePool's first
+list of pods has been applied)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ class Health:
         if service == "liveness":
             return pb.HealthCheckResponse.SERVING
         if service in ("", "readiness"):
-            ready = any(b.healthy and not b.retired for b in self._registry)
+            synced = self._registry.synced()
+            ready = synced and any(b.healthy and not b.retired for b in self._registry)
             return pb.HealthCheckResponse.SERVING if ready else pb.HealthCheckResponse.NOT_SERVING
         return None
 

@@ -137,7 +137,11 @@ class HealthChecker:
 
     async def check_all(self) -> None:
         await self.discover()
-        backends = list(self._registry)
+        await self.check_some(list(self._registry))
+
+    async def check_some(self, backends: list[Backend]) -> None:
+        """Check these backends now and ask the healthy ones what they serve (new members need not
+        wait for the next round)."""
         results = await asyncio.gather(*(self.check(b) for b in backends))
         for backend, ok in zip(backends, results, strict=True):
             if backend.retired:

@@ -92,7 +92,8 @@ class Backend:
 @dataclass(eq=False)
 class Discovered:
     """A `discover: true` backend entry: its members are the addresses its host name resolves to
-    (fleet/discovery.py keeps them current)."""
+    (fleet/discovery.py keeps them current); or an `inference_pool` entry, whose members are its
+    pods' `ip:port` endpoints (fleet/inference_pool.py)."""
 
     pool: str
     base: str
@@ -100,6 +101,8 @@ class Discovered:
     adapter: EngineAdapter
     members: dict[str, Backend] = field(default_factory=dict)
     """address -> the backend made for it"""
+    synced: bool = True
+    """False for an `inference_pool` entry until its first list of pods has been applied."""
 
     @property
     def host(self) -> str:
@@ -112,12 +115,14 @@ class Discovered:
 
     @staticmethod
     def suffix(address: str) -> str:
-        return address.replace(":", "-")
+        return address.replace("[", "").replace("]", "").replace(":", "-")
 
     def member_name(self, address: str) -> str:
         return f"{self.base}-{self.suffix(address)}"
 
     def url_for(self, address: str) -> str:
+        if self.config.inference_pool is not None:  # the address is a pod's ip:port
+            return f"http://{address}"
         url = urlsplit(self.config.url.rstrip("/"))
         host = f"[{address}]" if ":" in address else address
         return urlunsplit((url.scheme, f"{host}:{self.port}", url.path, "", ""))
@@ -129,6 +134,8 @@ class Registry:
         self.pools: dict[str, list[Backend]] = {}
         self.by_name: dict[str, Backend] = {}
         self.discovered: list[Discovered] = []
+        self.pool_entries: list[Discovered] = []
+        """`inference_pool` entries: their members come from the Kubernetes API, not DNS."""
         self.models: ModelIndex = EMPTY_INDEX
         """Model name -> pool -> serving backends; replaced whole by fleet/catalog.py on a change."""
         for pool_name, pool in config.pools.items():
@@ -136,8 +143,10 @@ class Registry:
             # A simulator speaks one real engine's API exactly, so it is driven by that adapter.
             adapter = adapter_for(pool.flavour if pool.engine == "sim" else pool.engine)
             for i, b in enumerate(pool.backends):
-                if b.discover:
-                    self.discovered.append(Discovered(pool_name, backend_name(pool_name, i, b), b, adapter))
+                if b.discover or b.inference_pool is not None:
+                    entries = self.discovered if b.discover else self.pool_entries
+                    entry = Discovered(pool_name, backend_name(pool_name, i, b), b, adapter, synced=b.discover)
+                    entries.append(entry)
                     continue
                 backend = Backend(
                     pool=pool_name,
@@ -166,6 +175,10 @@ class Registry:
 
     def pool_available(self, pool: str) -> bool:
         return any(b.healthy and not b.retired for b in self.pools.get(pool, ()))
+
+    def synced(self) -> bool:
+        """Every `inference_pool` entry has applied its first list (readiness waits for it)."""
+        return all(e.synced for e in self.pool_entries)
 
     def any_healthy(self) -> bool:
         return any(b.healthy for b in self.by_name.values())

@@ -57,7 +57,7 @@ def _get_json(url: str, timeout_s: float, key: str | None) -> Any:
 def probe_window(engine: str, backend: BackendConfig, timeout_s: float = 1.0) -> int | None:
     """The context window the running engine reports (as the gateway discovers it), or None when it
     cannot be reached or reports none."""
-    if backend.discover:
+    if backend.discover or backend.inference_pool is not None:
         return None
     adapter = adapter_for(engine)
     key = backend.api_key.get_secret_value() if backend.api_key else None
@@ -101,7 +101,9 @@ def render_plan(
         cap = caps.get(pool_name)
         adapter = adapter_for(pool.engine)  # sim: no launch command
         for i, backend in enumerate(pool.backends):
-            url = urlsplit(backend.url)
+            # An InferencePool's pods listen on its targetPorts (unknown offline): the engine's own default.
+            pod_port = {"sglang": 30000, "llamacpp": 8080}.get(pool.engine, 8000)
+            url = urlsplit(backend.url or f"http://0.0.0.0:{pod_port}")
             port = url.port or (443 if url.scheme == "https" else 80)
             name = backend_name(pool_name, i, backend)
             engine_window = windows.get(name)
@@ -119,6 +121,10 @@ def render_plan(
                 f"# {name}: pool {pool_name}, engine {pool.engine}, "
                 f"cap {eff if eff is not None else 'none (engine default)'}"
             )
+            if backend.inference_pool is not None:
+                lines.append(
+                    f"# the pods of InferencePool {backend.inference_pool.name}: --port is its targetPorts' number"
+                )
             if engine_window is not None and (cap is None or cap > engine_window):
                 lines.append(
                     f"# WARNING: the route's cap ({cap or 'none'}) is over this backend's context window "

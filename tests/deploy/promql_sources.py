@@ -72,6 +72,8 @@ EXPECTED_METRICS: Mapping[str, MetricSpec] = {
     "gateway_backend_model_info": MetricSpec("gauge", frozenset({"pool", "backend", "model"})),
     "gateway_backend_load": MetricSpec("gauge", frozenset({"pool", "backend", "engine", "signal"})),
     "gateway_backend_scrape_age_seconds": MetricSpec("gauge", frozenset({"pool", "backend"})),
+    "gateway_inference_pool_endpoints": MetricSpec("gauge", frozenset({"pool", "inference_pool"})),
+    "gateway_inference_pool_watch_restarts": MetricSpec("counter", frozenset({"pool", "inference_pool", "reason"})),
     "gateway_rate_limited": MetricSpec("counter", frozenset({"key", "limit"})),
     "gateway_budget_used_tokens": MetricSpec("gauge", frozenset({"key", "period", "kind"})),
     "gateway_class_queue_wait_seconds": MetricSpec("histogram", frozenset({"pool", "priority", "key"})),

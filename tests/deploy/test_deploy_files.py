@@ -225,7 +225,12 @@ def test_dockerfile() -> None:
     assert {"!pyproject.toml", "!setup.py", "!gateway/", "!engines/"} <= set(ignore)
 
 
-@pytest.mark.parametrize("path", [COMPOSE_DIR / "gateway.yaml", K8S_DIR / "gateway.yaml"], ids=_rel)
+EPP_DIR = DEPLOY / "kubernetes-epp"
+
+
+@pytest.mark.parametrize(
+    "path", [COMPOSE_DIR / "gateway.yaml", K8S_DIR / "gateway.yaml", EPP_DIR / "gateway.yaml"], ids=_rel
+)
 def test_shipped_gateway_configs_validate(path: Path) -> None:
     config = pytest.importorskip("gateway.config_loader")
     loaded = config.load_config(path, env={})
@@ -346,10 +351,19 @@ def test_kustomize_build_of_the_epp_overlay() -> None:
     by_kind: dict[str, list[dict[str, Any]]] = {}
     for d in docs:
         by_kind.setdefault(d["kind"], []).append(d)
-    assert sorted(by_kind) == ["ConfigMap", "Deployment", "HTTPRoute", "InferencePool", "Service"]
+    assert sorted(by_kind) == [
+        "ConfigMap",
+        "Deployment",
+        "HTTPRoute",
+        "InferencePool",
+        "Role",
+        "RoleBinding",
+        "Service",
+        "ServiceAccount",
+    ]
     assert "llm-gateway" not in {d["metadata"]["name"] for d in docs}  # the serve Deployment and Service
     (configmap,) = by_kind["ConfigMap"]
-    assert configmap["data"]["gateway.yaml"] == (K8S_DIR / "gateway.yaml").read_text(encoding="utf-8")
+    assert configmap["data"]["gateway.yaml"] == (EPP_DIR / "gateway.yaml").read_text(encoding="utf-8")
     (deployment,) = by_kind["Deployment"]
     pod = deployment["spec"]["template"]["spec"]
     (container,) = pod["containers"]
@@ -370,6 +384,30 @@ def test_kustomize_build_of_the_epp_overlay() -> None:
     engines = services[pool["metadata"]["name"]]
     assert pool["spec"]["selector"]["matchLabels"] == engines["spec"]["selector"]
     assert [p["number"] for p in pool["spec"]["targetPorts"]] == [p["port"] for p in engines["spec"]["ports"]]
+    # gateway.yaml's vllm pool takes its members from that InferencePool, in the EPP's namespace.
+    config = yaml.safe_load(configmap["data"]["gateway.yaml"])
+    (entry,) = config["pools"]["vllm"]["backends"]
+    assert entry["inference_pool"] == {"name": pool["metadata"]["name"]}
+    (env,) = container["env"]
+    assert env == {"name": "NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}
+    # RBAC: the Deployment's service account may get, list and watch the pool and its pods.
+    (account,) = by_kind["ServiceAccount"]
+    assert pod["serviceAccountName"] == account["metadata"]["name"]
+    (role,) = by_kind["Role"]
+    (binding,) = by_kind["RoleBinding"]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"]}]
+    granted = {
+        (g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]
+    }
+    for group, resource in (("", "pods"), ("inference.networking.k8s.io", "inferencepools")):
+        for verb in ("get", "list", "watch"):
+            assert (group, resource, verb) in granted, (group, resource, verb)
+    assert {v for _, _, v in granted} == {"get", "list", "watch"}  # read only
     (route,) = by_kind["HTTPRoute"]
     (backend,) = route["spec"]["rules"][0]["backendRefs"]
     assert (backend["group"], backend["kind"], backend["name"]) == (
