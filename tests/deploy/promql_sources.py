@@ -83,6 +83,7 @@ EXPECTED_METRICS: Mapping[str, MetricSpec] = {
     "gateway_kv_events_predicted_cached_tokens": MetricSpec("counter", frozenset({"pool", "backend"})),
     "gateway_kv_events_served_cached_tokens": MetricSpec("counter", frozenset({"pool", "backend"})),
     "gateway_kv_events_predictions": MetricSpec("counter", frozenset({"pool", "backend", "verdict"})),
+    "gateway_kv_events_prompt_ids": MetricSpec("counter", frozenset({"source"})),
     "gateway_event_loop_lag_seconds": MetricSpec("histogram", frozenset()),
 }
 
