@@ -213,6 +213,9 @@ def _request(kind: str, rng: random.Random) -> tuple[dict[str, Any], dict[str, s
         body["model"] = "flaky"
     elif kind == "queued":
         body["model"] = "queued"
+        # Slow enough that the max_in_flight=1 backend's backlog passes max_queue and requests are
+        # shed whatever the machine's speed (the shed panel needs some).
+        headers["x-sim-fault"] = "headers_delay=0.3"
         if rng.random() < 0.5:
             headers["x-gateway-priority"] = "batch"
     elif kind == "status_500":
