@@ -1,6 +1,7 @@
 """The gateway's instructions per request and per streamed token, counted by valgrind's callgrind.
 
     python3 benchmarks/overhead/instructions.py [--compiled] [--tree DIR] [--streams 20] [--requests 400] [--trace R]
+        [--keep DIR]
 
 Why a second measure beside peers.py: CPU time on a shared VM moves by ±20 % from one minute to the
 next, so a change worth 5 % takes many interleaved rounds to see. An instruction count does not move
@@ -14,10 +15,16 @@ It starts two paced upstreams (100 and 20 tokens a stream, one every 40 ms), the
 warms it, and counts three phases: `--requests` non-stream requests one after another, then
 `--streams` concurrent streams of 100 tokens, then of 20. A token's count at the margin is the
 difference of the two stream phases over the 80 tokens between them; the rest is a stream's own.
+The gateway's timers (each backend's /metrics scrape every second, the loop-lag probe) run by wall
+time, and a phase under callgrind lasts a minute or more: so an idle phase of `--idle-s` seconds
+first counts what they cost a second, and each phase's count is less that rate times its length
+(a build that makes requests slower would otherwise be charged its timers' extra seconds too).
 Needs valgrind (apt-get install valgrind). `--compiled` counts the compiled build
 (deploy/build-compiled.sh) of the tree; `--tree` counts another checkout (a git worktree). `--trace R`
 turns tracing on, a share R of the requests sampled, exporting every `--export-ms` (default 5000,
-the SDK's) to otlp_sink.py (on the load core); the exporter's thread is the gateway's, and counted."""
+the SDK's) to otlp_sink.py (on the load core); the exporter's thread is the gateway's, and counted.
+`--keep DIR` keeps each phase's callgrind dump there (`nonstream.out`, `long.out`, `short.out`), for
+`callgrind_annotate --inclusive=yes DIR/nonstream.out` to say where the instructions went."""
 
 from __future__ import annotations
 
@@ -25,6 +32,7 @@ import argparse
 import http.client
 import json
 import os
+import shutil
 import site
 import subprocess
 import sys
@@ -100,6 +108,8 @@ def main() -> int:
     p.add_argument("--requests", type=int, default=400, help="non-stream requests")
     p.add_argument("--json", type=Path, default=None, help="also write the figures here")
     p.add_argument("--trace", type=float, default=None, help="tracing on, this share of the requests sampled")
+    p.add_argument("--idle-s", type=float, default=20.0, help="the idle phase that counts the timers' cost")
+    p.add_argument("--keep", type=Path, default=None, help="keep each phase's callgrind dump in this folder")
     p.add_argument("--export-ms", type=int, default=5000, help="with --trace: OTEL_BSP_SCHEDULE_DELAY")
     record.add_arguments(p)
     a = p.parse_args()
@@ -153,15 +163,21 @@ def main() -> int:
             wait_http(f"http://127.0.0.1:{port}/readyz", gw, timeout_s=120)
             nonstream(port, 50)  # warm: imports, pools, the first of each code path
             streams(port, "bench-short", a.streams, tmp, load_core)
-            counts: dict[str, int] = {}
+            if a.trace is not None:  # the warm-up's spans exported first, not inside the idle phase
+                time.sleep(a.export_ms / 1000 + 3)
+            counts: dict[str, float] = {}
             phases = (
+                ("idle", lambda: time.sleep(a.idle_s)),
                 ("nonstream", lambda: nonstream(port, a.requests)),
                 ("long", lambda: streams(port, "bench-long", a.streams, tmp, load_core)),
                 ("short", lambda: streams(port, "bench-short", a.streams, tmp, load_core)),
             )
+            idle_rate = 0.0
             for name, phase in phases:
                 control("-i", "on", str(gw.pid))
+                began = time.monotonic()
                 phase()
+                lasted = time.monotonic() - began
                 control("-i", "off", str(gw.pid))
                 before = set(tmp.glob("callgrind.out*"))
                 control("-d", str(gw.pid))
@@ -171,7 +187,15 @@ def main() -> int:
                 if not new:
                     raise SystemExit("callgrind wrote no dump")
                 time.sleep(0.5)  # the dump is written before it is renamed into place
-                counts[name] = totals(max(new, key=lambda f: f.stat().st_mtime))
+                dump = max(new, key=lambda f: f.stat().st_mtime)
+                if name == "idle":
+                    idle_rate = totals(dump) / lasted
+                else:
+                    counts[name] = totals(dump) - idle_rate * lasted
+                    counts[f"{name}_s"] = lasted
+                if a.keep is not None:
+                    a.keep.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(dump, a.keep / f"{name}.out")
         finally:
             env.stop_all()
     n = a.streams
@@ -187,8 +211,9 @@ def main() -> int:
     print(f"  stream of {SHORT} tokens         {per_short:12,.0f}   ({n} concurrent)")
     print(f"  a token, at the margin       {per_token:12,.0f}")
     print(f"  a stream, besides its tokens {per_stream:12,.0f}")
+    print(f"  (less the timers: {idle_rate:,.0f} a second idle; the non-stream phase lasted {counts['nonstream_s']:.0f} s)")
     if a.json is not None:
-        figures = {"per_request": per_request, "per_token": per_token, "per_stream": per_stream}
+        figures = {"per_request": per_request, "per_token": per_token, "per_stream": per_stream, "idle_per_s": idle_rate}
         a.json.write_text(json.dumps({"tree": str(tree), "build": build, **figures}, indent=2) + "\n")
     measured = {
         "nonstream_request": per_request,
@@ -196,6 +221,8 @@ def main() -> int:
         "stream_20_tokens": per_short,
         "token_at_margin": per_token,
         "stream_besides_tokens": per_stream,
+        "idle_per_second": idle_rate,
+        "nonstream_phase_s": counts["nonstream_s"],
     }
     note = f"{build} build of {tree}{traced}"  # the record names its commit itself
     key = build.lower() if a.trace is None else f"{build.lower()}-trace-{a.trace}"

@@ -130,8 +130,10 @@ class CompletionEndpoint:
             ex.started = arrived
             ex.scope = scope  # type: ignore[assignment]  # (a TypedDict to starlette)
         trace: RequestSpan | None = None
-        if self._tracing.enabled:
-            trace = ex.trace = spans.begin(self._tracing, ex, headers, scope["method"])
+        if self._tracing.enabled:  # the server span, under the client's traceparent if any
+            trace = ex.trace = self._tracing.request(scope["method"], ex.path, headers, ex.started)
+            if trace.recording:
+                spans.begin(trace, ex, scope["method"])
         task = asyncio.current_task(scope.get(LOOP))  # the loop from the server: no getpid() (asgi.LOOP)
         assert task is not None
         ending = RequestEnd(task)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from urllib.parse import urlsplit
 
 from gateway.errors import GatewayError
@@ -15,7 +15,7 @@ from gateway.fleet.registry import Backend
 from gateway.pipeline.context import Plan
 from gateway.pipeline.exchange import Exchange
 from gateway.protocols.base import Inbound
-from gateway.tracing.base import AttemptSpan, Attributes, RequestSpan, Tracing
+from gateway.tracing.base import AttemptSpan, Attributes, RequestSpan
 
 # gen_ai.operation.name of each protocol (the conventions' well-known values where one fits).
 _OPERATION = {
@@ -34,20 +34,17 @@ def operation(api: str) -> str:
     return _OPERATION.get(api, api)
 
 
-def begin(tracing: Tracing, ex: Exchange, headers: Mapping[str, str], method: str) -> RequestSpan:
-    """The request's server span, from its arrival, under the client's traceparent if any."""
-    trace = tracing.request(method, ex.path, headers, ex.started)
-    if trace.recording:
-        trace.set(
-            {
-                "http.request.method": method,
-                "url.path": ex.path,
-                "http.route": ex.path,
-                "gen_ai.operation.name": operation(ex.api),
-                "gateway.request_id": ex.request_id,
-            }
-        )
-    return trace
+def begin(trace: RequestSpan, ex: Exchange, method: str) -> None:
+    """The recorded server span's first attributes (the tracer made it at the request's arrival)."""
+    trace.set(
+        {
+            "http.request.method": method,
+            "url.path": ex.path,
+            "http.route": ex.path,
+            "gen_ai.operation.name": operation(ex.api),
+            "gateway.request_id": ex.request_id,
+        }
+    )
 
 
 def routed(

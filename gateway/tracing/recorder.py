@@ -1,5 +1,5 @@
 """The tracer when tracing is on: the sampler decides first (sampler.py), so a request left out costs
-one random trace id and, at its upstream attempt, one formatted `traceparent`; a recorded one fills
+one 64-bit draw and, at its upstream attempt, a `traceparent` cut from a pool (unsampled.py); a recorded one fills
 plain span records (record.py) that the exporter's thread encodes and sends (exporter.py). No
 OpenTelemetry package is used: the spans, the propagation and the export are the OTLP/W3C formats'
 own, and the OTEL_* variables are read as the SDK reads them (settings.py)."""
@@ -14,8 +14,9 @@ from gateway.tracing import otlp
 from gateway.tracing.base import AttemptSpan, Attributes, AttributeValue, RequestSpan
 from gateway.tracing.exporter import BatchExporter
 from gateway.tracing.record import CLIENT, INTERNAL, SERVER, SpanRecord
-from gateway.tracing.sampler import LOW64, Sampler, parse_traceparent
+from gateway.tracing.sampler import Sampler, parse_traceparent
 from gateway.tracing.settings import TracingSettings
+from gateway.tracing.unsampled import Unsampled, UnsampledRoot
 
 SCOPE = "llm-gateway"
 
@@ -32,6 +33,9 @@ class RecordingTracing:
         resource = {**settings.resource, "telemetry.sdk.language": "python", "telemetry.sdk.name": SCOPE}
         self.exporter = BatchExporter(settings.export, otlp.resource(resource), otlp.scope(SCOPE, ""))
         self.bits = random.getrandbits  # the module's generator: reseeded in a forked child
+        self.uniform, self.below = random.random, random.randrange
+        self._unsampled = UnsampledRoot(self._bound)
+        self._skip = self.sampler.gap(self.uniform())
         # perf_counter seconds -> Unix nanoseconds; read once (the two clocks drift by far less than
         # a span's resolution over a process's life).
         self.offset_ns = time.time_ns() - time.perf_counter_ns()
@@ -40,13 +44,17 @@ class RecordingTracing:
         sent = headers.get("traceparent")
         parent = parse_traceparent(sent) if sent is not None else None
         if parent is None:
-            # A new trace: its id and the span id the engine would be told, in one draw; the
-            # sampler's root decision (Sampler.root) inlined, as this runs for every request.
-            ids = self.bits(192) or 1
-            trace_id = ids >> 64
-            if (trace_id & LOW64) >= self._bound:
-                return UnsampledRoot(ids)
-            record = SpanRecord(f"{method} {path}", SERVER, trace_id, ids & LOW64 or 1, 0, self.ns(start), {})
+            # A new trace: the sampler's root decision as a countdown (Sampler.gap), inlined, as this
+            # runs for every request; a trace left out gets the one shared UnsampledRoot (an id is
+            # cut only if an attempt is made). A recorded one's id has its lower 64 bits below the
+            # bound, drawn uniformly there: TraceIdRatioBased's decision on the same id.
+            skip = self._skip
+            if skip:
+                self._skip = skip - 1
+                return self._unsampled
+            self._skip = self.sampler.gap(self.uniform())
+            trace_id = self.bits(64) << 64 | self.below(self._bound) or 1
+            record = SpanRecord(f"{method} {path}", SERVER, trace_id, self.bits(64) or 1, 0, self.ns(start), {})
             return RecordingRequest(self, record)
         trace_id, parent_id, sampled = parent
         state = headers.get("tracestate", "")
@@ -73,57 +81,13 @@ def _with_context(base: dict[str, str], trace_id: int, span_id: int, state: str)
     return out
 
 
-class Unsampled:
-    """A request the sampler left out: nothing is recorded, but the engine still gets a context with
-    the sampled flag off, so that it records nothing either."""
-
-    __slots__ = ()
-    recording = False
-    trace_id = ""
-
-    def propagate(self, base: dict[str, str]) -> dict[str, str]:
-        raise NotImplementedError
-
-    def set(self, attributes: Attributes) -> None:
-        return None
-
-    def child(self, name: str, start: float, end: float, attributes: Attributes) -> None:
-        return None
-
-    def attempt(self, name: str, start: float, attributes: Attributes) -> AttemptSpan:
-        raise RuntimeError("an unsampled trace has no attempt spans")
-
-    def event(self, name: str, at: float, attributes: Attributes) -> None:
-        return None
-
-    def content(self, name: str, data: bytes) -> None:
-        return None
-
-    def end(self, attributes: Attributes, error: str | None, at: float) -> None:
-        return None
-
-
-class UnsampledRoot(Unsampled):
-    """A new trace left out (most requests at a low ratio): its 128-bit trace id and a span id, drawn
-    together; formatted only if an attempt is made, as hex of the bytes (cheaper than a format spec)."""
-
-    __slots__ = ("_ids",)
-
-    def __init__(self, ids: int) -> None:
-        self._ids = ids
-
-    def propagate(self, base: dict[str, str]) -> dict[str, str]:
-        h = self._ids.to_bytes(24, "big").hex()
-        base["traceparent"] = f"00-{h[:32]}-{h[32:]}-00"
-        return base
-
-
 class UnsampledChild(Unsampled):
     """A client's trace left out (its flag off, or the ratio): the engine gets the client's trace id."""
 
     __slots__ = ("_state", "_trace_id", "_tracing")
 
     def __init__(self, tracing: RecordingTracing, trace_id: int, state: str) -> None:
+        super().__init__()
         self._tracing = tracing
         self._trace_id = trace_id
         self._state = state

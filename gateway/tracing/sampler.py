@@ -4,6 +4,8 @@ a client's sampled flag followed), and the W3C traceparent read from the client.
 
 from __future__ import annotations
 
+import math
+
 LOW64 = (1 << 64) - 1
 _HEX = frozenset("0123456789abcdef")
 
@@ -28,6 +30,18 @@ class Sampler:
 
     def with_parent(self, trace_id: int, sampled: bool) -> bool:
         return sampled if self.follow_parent else (trace_id & LOW64) < self.bound
+
+    def gap(self, uniform: float) -> int:
+        """How many new traces in a row `root` leaves out before it records one, from a uniform draw
+        in [0, 1): geometric with p = bound / 2^64, the same sequence of decisions as one draw per
+        trace, for one draw per recorded trace (the tracer counts down; at 0.01 sampling that saves
+        a call on 99 requests in 100)."""
+        p = self.bound / (1 << 64)
+        if p >= 1:
+            return 0
+        if p <= 0:
+            return 1 << 62  # never
+        return int(math.log1p(-uniform) / math.log1p(-p))
 
 
 def parse_traceparent(header: str) -> tuple[int, int, bool] | None:

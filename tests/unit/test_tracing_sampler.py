@@ -88,3 +88,17 @@ def test_traceparent_parsing() -> None:
         f"00-{TRACE[:-2]}_1-{SPAN}-01",  # int() would take the underscore
     ):
         assert parse_traceparent(bad) is None, bad
+
+
+def test_gap_is_the_geometric_count_of_traces_left_out() -> None:
+    import random
+
+    assert Sampler("always_on", 0.0).gap(0.7) == 0
+    assert Sampler("traceidratio", 1.0).gap(0.999) == 0
+    assert Sampler("traceidratio", 0.0).gap(0.5) >= 1 << 62
+    rng = random.Random(3)
+    sampler = Sampler("traceidratio", 0.01)
+    gaps = [sampler.gap(rng.random()) for _ in range(20000)]
+    mean = sum(gaps) / len(gaps)
+    assert 95 < mean < 103  # (1 - p) / p = 99; the standard error is 0.7
+    assert 0.009 < gaps.count(0) / len(gaps) < 0.011 * 1.25  # P(0) = p

@@ -21,7 +21,7 @@ import pytest
 
 from gateway.config import TimeoutsConfig
 from gateway.errors import UpstreamError, UpstreamTimeout
-from gateway.upstream.client import UpstreamClient, UpstreamConnectError, UpstreamDisconnected, UpstreamTooLarge
+from gateway.upstream.client import UpstreamClient, UpstreamConnectError, UpstreamDisconnected, UpstreamTooLarge, _head
 from gateway.upstream.connection import HIGH_WATER, UpstreamConnection
 from tests.unit.raw_server import RawServer, serving
 
@@ -837,3 +837,31 @@ def test_on_uvloop(test: Callable[[], Coroutine[Any, Any, None]]) -> None:
     uvloop = pytest.importorskip("uvloop")
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(test())
+
+
+def test_a_head_is_one_line_a_header_and_refuses_a_line_break_inside_one() -> None:
+
+    good = {
+        "content-type": "application/json",
+        "Host": "caller.example",
+        "x-request-id": "r1",
+        "traceparent": "00-a-b-00",
+    }
+    head = _head("POST", "/v1/chat/completions", "engine:8000", good, b"{}", "b1")
+    assert head == (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: engine:8000\r\ncontent-type: application/json\r\n"
+        b"x-request-id: r1\r\ntraceparent: 00-a-b-00\r\ncontent-length: 2\r\n\r\n"
+    )
+    assert _head("GET", "/metrics", "e:1", {}, None, "b1") == b"GET /metrics HTTP/1.1\r\nhost: e:1\r\n\r\n"
+    for name, value in (
+        ("x-a", "v\r\nx-injected: 1"),
+        ("x-a", "v\n"),
+        ("x-a", "\rv"),
+        ("x-a\r\nx-b", "v"),
+        ("x\nb", "v"),
+        ("x:b", "v"),
+    ):
+        with pytest.raises(UpstreamError, match="not a valid header line"):
+            _head("POST", "/v1/x", "e:1", {"x-ok": "1", name: value}, b"", "b1")
+    with pytest.raises(UpstreamError):
+        _head("GET", "/a\r\nb", "e:1", {}, None, "b1")
