@@ -19,6 +19,8 @@ The gateway's timers (each backend's /metrics scrape every second, the loop-lag 
 time, and a phase under callgrind lasts a minute or more: so an idle phase of `--idle-s` seconds
 first counts what they cost a second, and each phase's count is less that rate times its length
 (a build that makes requests slower would otherwise be charged its timers' extra seconds too).
+With `--trace`, each phase also waits out the export delay before its count ends, so the export of
+its spans is counted with it, not with the next phase.
 Needs valgrind (apt-get install valgrind). `--compiled` counts the compiled build
 (deploy/build-compiled.sh) of the tree; `--tree` counts another checkout (a git worktree). `--trace R`
 turns tracing on, a share R of the requests sampled, exporting every `--export-ms` (default 5000,
@@ -177,6 +179,8 @@ def main() -> int:
                 control("-i", "on", str(gw.pid))
                 began = time.monotonic()
                 phase()
+                if a.trace is not None and name != "idle":  # the phase's own spans exported inside it
+                    time.sleep(a.export_ms / 1000 + 2)
                 lasted = time.monotonic() - began
                 control("-i", "off", str(gw.pid))
                 before = set(tmp.glob("callgrind.out*"))
