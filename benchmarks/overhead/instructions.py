@@ -215,9 +215,11 @@ def main() -> int:
     print(f"  stream of {SHORT} tokens         {per_short:12,.0f}   ({n} concurrent)")
     print(f"  a token, at the margin       {per_token:12,.0f}")
     print(f"  a stream, besides its tokens {per_stream:12,.0f}")
-    print(f"  (less the timers: {idle_rate:,.0f} a second idle; the non-stream phase lasted {counts['nonstream_s']:.0f} s)")
+    lasted = counts["nonstream_s"]
+    print(f"  (less the timers: {idle_rate:,.0f} a second idle; the non-stream phase lasted {lasted:.0f} s)")
     if a.json is not None:
-        figures = {"per_request": per_request, "per_token": per_token, "per_stream": per_stream, "idle_per_s": idle_rate}
+        figures = {"per_request": per_request, "per_token": per_token, "per_stream": per_stream}
+        figures["idle_per_s"] = idle_rate
         a.json.write_text(json.dumps({"tree": str(tree), "build": build, **figures}, indent=2) + "\n")
     measured = {
         "nonstream_request": per_request,

@@ -9,10 +9,10 @@ import os
 
 import pytest
 
-from gateway.tracing.unsampled import BATCH, UnsampledRoot, refill
 from gateway.tracing.recorder import RecordingTracing
 from gateway.tracing.sampler import Sampler, parse_traceparent
 from gateway.tracing.settings import tracing_settings
+from gateway.tracing.unsampled import BATCH, UnsampledRoot, refill
 
 pytestmark = pytest.mark.unit
 
@@ -37,7 +37,7 @@ def test_ids_are_valid_fresh_and_left_out_by_the_same_ratio(ratio: float) -> Non
         value = root.propagate({"x-request-id": "a"})["traceparent"]
         parsed = parse_traceparent(value)
         assert parsed is not None, value
-        trace_id, span_id, sampled = parsed
+        trace_id, _span_id, sampled = parsed
         assert not sampled and value.endswith("-00")
         assert not sampler.root(trace_id), f"{value} would be sampled at {ratio}"
         seen.add(trace_id)
