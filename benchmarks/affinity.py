@@ -436,6 +436,7 @@ def gateway_config(
     backends: Sequence[tuple[str, str]],
     epsilon: float | None = None,
     events: Sequence[tuple[int, int]] = (),
+    slack: int | None = None,
 ) -> dict[str, Any]:
     """One pool of the given (name, base_url) vLLM backends behind the route `tiny`; `events` the
     backends' (PUB, replay) ports, which a kv_events pool subscribes to."""
@@ -450,6 +451,8 @@ def gateway_config(
     pool: dict[str, Any] = {"engine": "vllm", "balancer": balancer, "backends": entries}
     if epsilon is not None:
         pool["kv_epsilon" if balancer == "kv_events" else "affinity_epsilon"] = epsilon
+    if slack is not None:
+        pool["kv_slack" if balancer == "kv_events" else "affinity_slack"] = slack
     return {
         "health": {"interval_s": 2, "scrape_interval_s": 1},
         "pools": {"vllm": pool},
@@ -481,6 +484,7 @@ def run_gateway_policy(
     epsilon: float | None = None,
     gateways: int = 1,
     events: Sequence[tuple[int, int]] = (),
+    slack: int | None = None,
 ) -> RunResult:
     """`gateways` gateway replicas with the same config over the same engines, the client alternating
     between them; each learns (prefix_affinity) or subscribes (kv_events) on its own."""
@@ -488,7 +492,7 @@ def run_gateway_policy(
         reset_prefix_cache(s.base_url)
     names = [f"r{i}" for i in range(len(pair))]
     backends = list(zip(names, [s.base_url for s in pair], strict=True))
-    data = gateway_config(balancer, backends, epsilon, events)
+    data = gateway_config(balancer, backends, epsilon, events, slack)
     started: list[GatewayThread] = []
     try:
         for _ in range(gateways):
@@ -726,7 +730,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--policies",
         default="prefix_affinity,round_robin,oracle",
         help="comma-separated (round_robin, prefix_affinity, kv_events, oracle, any balancer); "
-        "`prefix_affinity@1.0` runs it with affinity_epsilon 1.0, `kv_events@1.0` with kv_epsilon 1.0",
+        "`prefix_affinity@1.0` runs it with affinity_epsilon 1.0, `kv_events@1.0` with kv_epsilon 1.0, "
+        "`kv_events@0.2+0` with kv_epsilon 0.2 and kv_slack 0 (`@+0`: the slack alone)",
     )
     p.add_argument(
         "--epsilon", type=float, help="the pool's affinity_epsilon or kv_epsilon (default: the config default)"
@@ -817,10 +822,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         for conc in levels:
             for policy in gateway_policies:
-                balancer, _, eps = policy.partition("@")  # prefix_affinity@1.0: with affinity_epsilon 1.0
+                # prefix_affinity@1.0: with affinity_epsilon 1.0; kv_events@0.2+0: kv_epsilon 0.2, kv_slack 0
+                balancer, _, tuning = policy.partition("@")
+                eps, _, slack = tuning.partition("+")
                 epsilon = float(eps) if eps else args.epsilon
                 r = results[(policy, conc)] = run_gateway_policy(
-                    balancer, pair, w, conc, epsilon, args.gateways, events
+                    balancer, pair, w, conc, epsilon, args.gateways, events, int(slack) if slack else None
                 )
                 print(
                     f"c={conc} {policy}: hit rate {r.hit_rate:.3f}, TTFT p90 {_fmt(r.ttft(0.9), '.3f')} s "

@@ -334,6 +334,9 @@ class PoolConfig(_Model):
     """kv_events: the backend holding the longest cached prefix keeps the request until it would
     carry more than (1+kv_epsilon) x the pool's mean load (requests decided and not yet started
     count), then the least loaded takes it."""
+    kv_slack: Annotated[int, Field(ge=0)] = 0
+    """kv_events: that backend may also carry this many requests above the pool's mean load (as
+    affinity_slack): fewer spills for a less even load; a conversation no backend holds gets none."""
     kv_saturation_waiting: Annotated[int, Field(ge=1)] | None = 4
     """kv_events: an engine reporting this many queued requests (a fresh scrape) is saturated."""
     kv_saturation_kv_usage: Annotated[float, Field(gt=0, le=1)] | None = 0.95

@@ -296,5 +296,7 @@ def make_balancer(kind: BalancerKind, pool: PoolConfig) -> Balancer:
     if kind == "first_healthy":
         return FirstHealthy()
     if kind == "kv_events":
-        return KVEvents(Saturation(pool.kv_epsilon, pool.kv_saturation_waiting, pool.kv_saturation_kv_usage))
+        return KVEvents(
+            Saturation(pool.kv_epsilon, pool.kv_slack, pool.kv_saturation_waiting, pool.kv_saturation_kv_usage)
+        )
     raise ValueError(f"unknown balancer {kind!r}")

@@ -43,6 +43,10 @@ class Saturation:
 
     epsilon: float = 0.2
     """Bounded load: past ceil((1 + epsilon) x the mean load after this request)."""
+    slack: int = 0
+    """A backend holding the prompt's longest cached prefix may also run this many requests above
+    the mean load (as prefix_affinity's affinity_slack): fewer spills, and so fewer prefixes copied,
+    for a less even load (docs/routing-benchmark.md measures both)."""
     waiting: int | None = 4
     """The engine's own queue (a fresh scrape) reached this many requests."""
     kv_usage: float | None = 0.95
@@ -70,14 +74,15 @@ class KVChoice:
     """One line for x-gateway-balancer: the reason, the choice, matched blocks and loads per backend."""
 
 
-def bound(loads: Sequence[float], epsilon: float) -> float:
-    """The most a backend may carry after this request: (1 + epsilon) x the mean, rounded up."""
-    return math.ceil((1.0 + epsilon) * (sum(loads) + 1.0) / len(loads))
+def bound(loads: Sequence[float], epsilon: float, slack: int = 0) -> float:
+    """The most a backend may carry after this request: (1 + epsilon) x the mean, rounded up, or
+    the mean plus `slack`, whichever is more."""
+    mean = (sum(loads) + 1.0) / len(loads)
+    return max(math.ceil((1.0 + epsilon) * mean), mean + slack)
 
 
-def saturated(state: EngineState, limit: float, sat: Saturation) -> bool:
-    if state.load + 1.0 > limit:
-        return True
+def signalled(state: EngineState, sat: Saturation) -> bool:
+    """The engine's own scrape says it is saturated (its queue, or its KV cache's use)."""
     if sat.waiting is not None and state.waiting is not None and state.waiting >= sat.waiting:
         return True
     return sat.kv_usage is not None and state.kv_usage is not None and state.kv_usage >= sat.kv_usage
@@ -89,14 +94,20 @@ def choose(
     """`states` non-empty; `hashed` the same names in the consistent hash's order for this request
     (empty when the request has no key to hash)."""
     by_name = {s.name: s for s in states}
-    limit = bound([s.load for s in states], sat.epsilon)
+    loads = [s.load for s in states]
+    limit = bound(loads, sat.epsilon)
+    keep = bound(loads, sat.epsilon, sat.slack)  # what a holder of the prompt may carry
+    busy = {s.name for s in states if signalled(s, sat)}
+    # Every engine reports a queue or a full cache: moving the request shortens no queue, and a
+    # cached prefix still saves its prefill, so only the load bound applies.
+    everyone_busy = len(busy) == len(states)
+
+    def room(s: EngineState, cap: float) -> bool:
+        return s.load + 1.0 <= cap and (everyone_busy or s.name not in busy)
+
     matched: Mapping[str, int] = dict(cached.blocks) if cached is not None else {}
     best = max((matched.get(s.name, 0) for s in states), default=0)
-    open_ = [s for s in states if not saturated(s, limit, sat)]
-    if not open_:
-        # Every engine reports a queue or a full cache: moving the request shortens no queue, and a
-        # cached prefix still saves its prefill, so only the load bound applies.
-        open_ = [s for s in states if s.load + 1.0 <= limit]
+    open_ = [s for s in states if room(s, limit)]
     least = min(open_ or states, key=lambda s: (s.load, -matched.get(s.name, 0), s.name))
     rank = {name: i for i, name in enumerate(hashed)}
     if best > 0:
@@ -104,7 +115,7 @@ def choose(
         # order (its home), then the least loaded: a conversation that spilled once goes back home
         # while there is room, and the copy elsewhere ages out instead of being kept warm by turns
         # that alternate between the two.
-        holders = [s for s in open_ if matched.get(s.name, 0) == best]
+        holders = [s for s in states if matched.get(s.name, 0) == best and room(s, keep)]
         if holders:
             home = min(holders, key=lambda s: (rank.get(s.name, len(rank)), s.load, s.name))
             pick, reason = home, "sticky"
@@ -118,9 +129,10 @@ def choose(
     elif hashed:
         # No engine holds any of it (or its ids are not known): the conversation's hash home, which
         # every replica computes alike, so that replicas agree on a new conversation's home and a
-        # replica that has not seen the conversation guesses where the others sent it.
+        # replica that has not seen the conversation guesses where the others sent it. New
+        # conversations get no slack: they are what spreads the load.
         first = by_name[hashed[0]]
-        pick, reason = (first, "hash") if not saturated(first, limit, sat) else (least, "spill")
+        pick, reason = (first, "hash") if room(first, limit) else (least, "spill")
     else:
         pick, reason = least, "least_load"
     return KVChoice(pick.name, reason, _explain(pick.name, reason, states, matched, cached))

@@ -178,7 +178,9 @@ def test_saturation_thresholds_come_from_the_pool() -> None:
     busy = [fresh("b0"), fresh("b1", 3, waiting=50, kv_usage=1.0)]
     choice = made.choose(busy, BalanceKey(cached=held(6, b1=5)))[1]
     assert choice is not None and choice.reason == "sticky"
-    assert Saturation() == Saturation(POOL.kv_epsilon, POOL.kv_saturation_waiting, POOL.kv_saturation_kv_usage)
+    assert Saturation() == Saturation(
+        POOL.kv_epsilon, POOL.kv_slack, POOL.kv_saturation_waiting, POOL.kv_saturation_kv_usage
+    )
 
 
 def test_of_equal_holders_the_conversations_home_wins_over_a_lighter_load() -> None:
@@ -191,3 +193,24 @@ def test_of_equal_holders_the_conversations_home_wins_over_a_lighter_load() -> N
     loads[int(home.favourite[1:])] = 1  # one request more on the home, still under the bound (3)
     choice = balancer().choose(cands(*loads), BalanceKey(anchor=anchor, cached=held(4, b0=3, b1=3)))[1]
     assert choice is not None and (choice.favourite, choice.reason) == (home.favourite, "sticky")
+
+
+def test_the_slack_keeps_a_holder_past_the_bound_but_not_a_new_conversations_home() -> None:
+    pool = POOL.model_copy(update={"kv_slack": 4})
+    slack = make_balancer("kv_events", pool)
+    assert isinstance(slack, KVEvents)
+    key = BalanceKey(cached=held(6, b1=5))
+    # b1 at 4 of a mean after (5 + 1) / 3 = 2: past ceil(1.2 x 2) = 3, within 2 + 4 = 6.
+    kept, spilled = slack.choose(cands(0, 4, 1), key)[1], balancer().choose(cands(0, 4, 1), key)[1]
+    assert kept is not None and spilled is not None
+    assert (kept.favourite, kept.reason) == ("b1", "sticky") and spilled.reason == "spill"
+    past = slack.choose(cands(0, 9, 1), key)[1]  # 10 > (10 + 1) / 3 + 4
+    assert past is not None and past.reason == "spill"
+    # A conversation nothing holds: its hash home yields at the plain bound, slack or not.
+    new = BalanceKey(anchor=12345)
+    home = slack.choose(cands(0, 0, 0, 0), new)[1]
+    assert home is not None and home.reason == "hash"
+    loads = [0, 0, 0, 0]
+    loads[int(home.favourite[1:])] = 3
+    moved = slack.choose(cands(*loads), new)[1]
+    assert moved is not None and moved.reason == "spill" and moved.favourite != home.favourite
