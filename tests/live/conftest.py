@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, get_args
@@ -184,3 +185,11 @@ def redis_server() -> Iterator[RedisServer]:
         yield server
     finally:
         server.stop()
+
+
+async def fresh_minute(margin_s: float = 10.0) -> None:
+    """Rate limits count over wall-clock minutes: start a test well inside one, so that the window
+    cannot turn mid-test and admit a request it should refuse (setup, not an assertion)."""
+    left = 60 - time.time() % 60
+    if left < margin_s:
+        await asyncio.sleep(left + 0.05)

@@ -6,22 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import time
 
 import httpx
 import pytest
 
-from tests.live.conftest import StackFactory, chat
+from tests.live.conftest import StackFactory, chat, fresh_minute
 
 pytestmark = pytest.mark.live
-
-
-async def fresh_minute() -> None:
-    """Limits count over wall-clock minutes: start a test well inside one, so that it cannot turn
-    mid-test (setup, not an assertion)."""
-    left = 60 - time.time() % 60
-    if left < 10:
-        await asyncio.sleep(left + 0.05)
 
 
 def bearer(key: str) -> dict[str, str]:

@@ -13,7 +13,7 @@ import anthropic
 import httpx
 import pytest
 
-from tests.live.conftest import StackFactory, raw_request, sim_params
+from tests.live.conftest import StackFactory, fresh_minute, raw_request, sim_params
 
 pytestmark = pytest.mark.live
 
@@ -149,6 +149,7 @@ async def test_overload_is_529_overloaded_error_and_rate_limit_429(make_stack: S
     stack.gateway.registry.by_name["vllm-0"].max_in_flight = 1
     slow = {**MSG, "max_tokens": 200}
     headers = {"x-api-key": "sk-k"}
+    await fresh_minute()
     async with httpx.AsyncClient(timeout=10) as http:
         first = asyncio.ensure_future(http.post(stack.base_url + "/v1/messages", json=slow, headers=headers))
         await stack.wait_metric("gateway_requests_in_flight", 1)

@@ -10,7 +10,6 @@ import contextlib
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -18,7 +17,7 @@ import pytest
 from redis.asyncio import Redis
 
 from engines.sim.server import SimServer
-from tests.live.conftest import Stack, StackFactory, chat, sim_params
+from tests.live.conftest import Stack, StackFactory, chat, fresh_minute, sim_params
 from tests.live.redis_server import RedisServer
 from tests.live.test_demo import free_port
 
@@ -26,13 +25,6 @@ pytestmark = pytest.mark.live
 
 KEY = {"name": "team", "key": "sk-team", "requests_per_minute": 4}
 AUTH = {"authorization": "Bearer sk-team"}
-
-
-async def fresh_minute() -> None:
-    """Counts are per wall-clock minute: start well inside one (setup, not an assertion)."""
-    left = 60 - time.time() % 60
-    if left < 10:
-        await asyncio.sleep(left + 0.05)
 
 
 async def ask(client: httpx.AsyncClient, stack: Stack) -> int:
