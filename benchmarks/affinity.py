@@ -13,7 +13,8 @@ weight 1/rank^s (`--zipf-s`, default 1) with scripted assistant turns (Workload.
 replicas always publish KV events (`--kv-events-config`), so every policy runs on the same engines.
 Requests stream, for TTFT; `--json FILE` gets one row per policy and concurrency (policy,
 concurrency, hit_rate, ratio_to_oracle, max_mean_inflight, ttft_p50_s, ttft_p90_s, and the raw
-counts), and a record goes to benchmarks/results/ (`--no-record`: none).
+counts), and a record goes to benchmarks/results/ (`--no-record`: none). `--trace FILE` writes every
+request's conversation, turn, replica, cached tokens and the balancer's explanation, per policy.
 
 What follows describes the default workload (`--skew none`).
 
@@ -24,7 +25,12 @@ every conversation, then turn t+1, each turn by `c` workers in conversation orde
 once at every concurrency in `--concurrency` (default 1 and 8): at 1 the hit rate counts placement
 alone; at 8 the load bound and the in-flight balance come into play.
 
-Setup: two replicas, one core each (VLLM_CPU_OMP_THREADS_BIND=0 and =1), each with a KV budget of
+Setup: two replicas, one core each: all of a replica's processes (API server, engine core, worker)
+confined to its core with taskset, its worker's threads bound there (VLLM_CPU_OMP_THREADS_BIND=0 and
+=1). Without the taskset (`--no-pin`) the two engine cores and API servers, which poll, float onto
+one core and starve that replica's worker: the same replica then served requests up to 5x slower
+than the other under round_robin, and every timing and in-flight figure measured that instead of
+the policy. Each replica has a KV budget of
 `--kv-tokens` (default 8,192 tokens, ~0.6x the workload's distinct prefix tokens: short of the whole
 workload, enough for half of it); the oracle is ONE replica with both budgets together. The pair runs
 behind the gateway once with `prefix_affinity` and once with `round_robin`, with the prefix cache
@@ -186,6 +192,9 @@ class RunResult:
     """Where each conversation's last turn went."""
     ttft_s: list[float] = field(default_factory=list)
     """Time to the first streamed chunk of each request, as the client saw it."""
+    trace: list[dict[str, Any]] = field(default_factory=list)
+    """Per request, in completion order: conversation, turn, backend, x-gateway-balancer, prompt and
+    cached tokens (`--trace FILE` writes them)."""
     reasons: dict[str, int] = field(default_factory=dict)
     """The balancer's reasons (x-gateway-balancer's second word: sticky, spill, hash...), counted."""
     gateways: int = 1
@@ -369,7 +378,7 @@ def drive(
     zipf = w.skew == "zipf"
     last_turn = w.turns - 1
 
-    def one(client: httpx.Client, conv: int, turn: int) -> None:
+    def one(client: httpx.Client, conv: int, turn: int, index: int = 0) -> None:
         messages = scripted_turn(w, conv, turn) if zipf else convs[conv]
         body = {"model": MODEL, "messages": messages, "max_tokens": w.max_tokens, "ignore_eos": True}
         with lock:
@@ -392,6 +401,18 @@ def drive(
             backend = r.headers.get("x-gateway-backend", "direct")
             result.forgone_blocks += forgone(explanation, backend)
             result.per_backend[backend] = result.per_backend.get(backend, 0) + 1
+            result.trace.append(
+                {
+                    "index": index,
+                    "conversation": conv,
+                    "turn": turn,
+                    "backend": backend,
+                    "balancer": explanation,
+                    "ttft_s": r.ttft_s,
+                    "prompt_tokens": usage.get("prompt_tokens") or 0,
+                    "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0,
+                }
+            )
             if conv in last_backend and last_backend[conv] != backend:
                 result.switches += 1
             last_backend[conv] = backend
@@ -406,7 +427,7 @@ def drive(
     limits = httpx.Limits(max_connections=concurrency)
     with httpx.Client(timeout=timeout, limits=limits) as client, sampler, ThreadPoolExecutor(concurrency) as pool:
         if zipf:
-            for f in [pool.submit(one, client, c, t) for c, t in zipf_schedule(w)]:
+            for f in [pool.submit(one, client, c, t, i) for i, (c, t) in enumerate(zipf_schedule(w))]:
                 f.result()
         else:
             for turn in range(w.turns):  # interleaved: turn t of every conversation, then turn t+1
@@ -596,6 +617,7 @@ def rows(results: dict[tuple[str, int], RunResult]) -> list[dict[str, Any]]:
     for (label, conc), r in results.items():
         raw = asdict(r)
         raw.pop("ttft_s")
+        raw.pop("trace")
         out.append(
             {
                 "policy": label,
@@ -741,6 +763,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--zipf-s", type=float, default=Workload.zipf_s, help="zipf: the exponent")
     p.add_argument("--requests", type=int, default=0, help="zipf: requests in all (default 8 x conversations)")
     p.add_argument("--json", type=Path, help="also write the rows (one per policy and concurrency) here")
+    p.add_argument(
+        "--no-pin",
+        dest="pin",
+        action="store_false",
+        help="leave each replica's API server and engine core free to run on any core (only the worker is bound)",
+    )
+    p.add_argument("--trace", type=Path, help="write every request's conversation, turn, backend and decision here")
     p.add_argument("--log-dir", type=Path, default=Path("/tmp/gateway-affinity-bench"))
     record.add_arguments(p)
     args = p.parse_args(argv)
@@ -770,6 +799,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             **common,
             "kv_cache_memory_bytes": args.kv_tokens * per_token,
             "cpu_omp_threads_bind": str(i),
+            "cpu_affinity": str(i) if args.pin else None,
             "log_path": args.log_dir / f"replica-{i}.log",
             "extra_args": ["--kv-events-config", servers.kv_events_config(pub, replay)],
         }
@@ -864,6 +894,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     table_rows = rows(results)
     if args.json:
         args.json.write_text(json.dumps(table_rows, indent=2))
+    if args.trace:
+        traces = [{"policy": k, "concurrency": c, "requests": r.trace} for (k, c), r in results.items()]
+        args.trace.write_text(json.dumps(traces, indent=1))
     figures = {
         f"{row['policy']}@{row['concurrency']}": {
             k: row[k]

@@ -377,6 +377,7 @@ def start_vllm(
     kv_cache_memory_bytes: int = 64 * 1024 * 1024,
     max_num_seqs: int = 2,
     cpu_omp_threads_bind: str | None = None,
+    cpu_affinity: str | None = None,
     extra_args: Sequence[str] = (),
     extra_env: Mapping[str, str] | None = None,
     host: str = "127.0.0.1",
@@ -385,12 +386,16 @@ def start_vllm(
     ready_timeout: float = 240.0,
 ) -> EngineServer:
     """Start vLLM's OpenAI server on the CPU. ``cpu_omp_threads_bind`` (e.g. "0", "1") pins the
-    replica's compute threads so that two replicas can run side by side; ``extra_env`` adds to the
-    process's environment (its OTEL_* settings)."""
+    replica's compute threads so that two replicas can run side by side; ``cpu_affinity`` (a
+    taskset list, e.g. "1") confines all of its processes (API server, engine core, worker) to
+    those cores, so that one replica's busy-polling engine core cannot starve the other's worker;
+    ``extra_env`` adds to the process's environment (its OTEL_* settings)."""
     env = _require("vllm")
+    pin = ["taskset", "-c", cpu_affinity] if cpu_affinity is not None else []
 
     def command(port: int) -> list[str]:
         return [
+            *pin,
             env["VLLM_PYTHON"], "-m", "vllm.entrypoints.openai.api_server",
             "--model", env["TINY_HF_DIR"],
             "--served-model-name", MODEL_NAME,
