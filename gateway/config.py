@@ -330,17 +330,21 @@ class PoolConfig(_Model):
     """prefix_affinity: the favourite may also run this many requests above the mean load, so that
     small pools at low load keep their caches instead of spilling on every chance imbalance."""
     """prefix_affinity spills to the next choice past (1+epsilon) x the pool's mean load."""
-    kv_epsilon: Annotated[float, Field(ge=0)] = 0.2
+    kv_epsilon: Annotated[float, Field(ge=0)] = 0.25
     """kv_events: the backend holding the longest cached prefix keeps the request until it would
     carry more than (1+kv_epsilon) x the pool's mean load (requests decided and not yet started
-    count), then the least loaded takes it."""
-    kv_slack: Annotated[int, Field(ge=0)] = 0
+    count), then the least loaded takes it. The same default as affinity_epsilon."""
+    kv_slack: Annotated[int, Field(ge=0)] = 4
     """kv_events: that backend may also carry this many requests above the pool's mean load (as
-    affinity_slack): fewer spills for a less even load; a conversation no backend holds gets none."""
+    affinity_slack, the same default): fewer spills for a less even load; so may a conversation's
+    hash home while this gateway does not know the prompt's ids; a conversation known to be held
+    nowhere gets none."""
     kv_saturation_waiting: Annotated[int, Field(ge=1)] | None = 4
-    """kv_events: an engine reporting this many queued requests (a fresh scrape) is saturated."""
+    """kv_events: an engine reporting this many queued requests (a fresh scrape) while it carries
+    more than the pool's mean load is saturated."""
     kv_saturation_kv_usage: Annotated[float, Field(gt=0, le=1)] | None = 0.95
-    """kv_events: an engine reporting its KV cache this full (a fresh scrape) is saturated."""
+    """kv_events: an engine reporting its KV cache this full (a fresh scrape) while it carries more
+    than the pool's mean load is saturated."""
 
 
 class RuleWhen(_Model):

@@ -41,12 +41,13 @@ class PromptBlocks:
 class Saturation:
     """When a backend stops taking requests for its cache's sake (any one suffices)."""
 
-    epsilon: float = 0.2
+    epsilon: float = 0.25
     """Bounded load: past ceil((1 + epsilon) x the mean load after this request)."""
-    slack: int = 0
+    slack: int = 4
     """A backend holding the prompt's longest cached prefix may also run this many requests above
     the mean load (as prefix_affinity's affinity_slack): fewer spills, and so fewer prefixes copied,
-    for a less even load (docs/routing-benchmark.md measures both)."""
+    for a less even load (docs/routing-benchmark.md measures both). So may the conversation's hash
+    home when this gateway does not know the prompt's ids yet."""
     waiting: int | None = 4
     """The engine's own queue (a fresh scrape) reached this many requests."""
     kv_usage: float | None = 0.95
@@ -82,7 +83,8 @@ def bound(loads: Sequence[float], epsilon: float, slack: int = 0) -> float:
 
 
 def signalled(state: EngineState, sat: Saturation) -> bool:
-    """The engine's own scrape says it is saturated (its queue, or its KV cache's use)."""
+    """The engine's own scrape says it is saturated (its queue, or its KV cache's use). The
+    decision also asks that the backend carry more than the mean load (choose())."""
     if sat.waiting is not None and state.waiting is not None and state.waiting >= sat.waiting:
         return True
     return sat.kv_usage is not None and state.kv_usage is not None and state.kv_usage >= sat.kv_usage
@@ -97,7 +99,11 @@ def choose(
     loads = [s.load for s in states]
     limit = bound(loads, sat.epsilon)
     keep = bound(loads, sat.epsilon, sat.slack)  # what a holder of the prompt may carry
-    busy = {s.name for s in states if signalled(s, sat)}
+    # Saturated: the engine says so in a fresh scrape AND it carries more than the mean load now. A
+    # scrape is up to scrape_interval_s old; alone it moved conversations off holders that had
+    # drained since (each move a full prefill elsewhere and a copy of the prefix).
+    mean_now = sum(loads) / len(loads)
+    busy = {s.name for s in states if s.load > mean_now and signalled(s, sat)}
     # Every engine reports a queue or a full cache: moving the request shortens no queue, and a
     # cached prefix still saves its prefill, so only the load bound applies.
     everyone_busy = len(busy) == len(states)
@@ -129,10 +135,13 @@ def choose(
     elif hashed:
         # No engine holds any of it (or its ids are not known): the conversation's hash home, which
         # every replica computes alike, so that replicas agree on a new conversation's home and a
-        # replica that has not seen the conversation guesses where the others sent it. New
-        # conversations get no slack: they are what spreads the load.
+        # replica that has not seen the conversation guesses where the others sent it. Ids not known
+        # yet (another gateway replica served the conversation's earlier turns, or this one is still
+        # asking them) most often mean a conversation that lives at its home: it keeps the holder's
+        # slack. Known ids that nothing holds mean a new or evicted conversation: no slack, so that
+        # new conversations spread the load.
         first = by_name[hashed[0]]
-        pick, reason = (first, "hash") if room(first, limit) else (least, "spill")
+        pick, reason = (first, "hash") if room(first, limit if cached is not None else keep) else (least, "spill")
     else:
         pick, reason = least, "least_load"
     return KVChoice(pick.name, reason, _explain(pick.name, reason, states, matched, cached))
