@@ -43,6 +43,9 @@ class Backend:
     decided: int = 0
     """Requests routed here whose attempt has not started (pipeline/router.py's kv_events plans)."""
     load: EngineLoad | None = None
+    in_flight_at_scrape: int = 0
+    """in_flight when `load` was taken: the engine's count less this is what other clients (other
+    gateway replicas among them) had on it then."""
     labels: dict[str, str] = field(default_factory=dict)
     retired: bool = False
     readmitted_at: float | None = None
@@ -86,7 +89,16 @@ class Backend:
             max_in_flight=self.max_in_flight,
             ramp=ramp,
             decided=self.decided,
+            external=self._external() if fresh else 0.0,
         )
+
+    def _external(self) -> float:
+        """Requests on the engine at the last scrape that this gateway did not send."""
+        load = self.load
+        if load is None:
+            return 0.0
+        engine = (load.running or 0.0) + (load.waiting or 0.0)
+        return max(0.0, engine - self.in_flight_at_scrape)
 
 
 @dataclass(eq=False)
@@ -220,3 +232,4 @@ class Registry:
 
     def set_load(self, backend: Backend, load: EngineLoad) -> None:
         backend.load = load
+        backend.in_flight_at_scrape = backend.in_flight

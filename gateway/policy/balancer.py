@@ -40,6 +40,9 @@ class Candidate:
     decided: int = 0
     """Requests routed here that have not started their attempt yet (queued for admission, their
     caps being counted): load at decision time, which in_flight counts only from the attempt."""
+    external: float = 0.0
+    """Requests on the engine that other clients (other gateway replicas among them) had there at
+    the last fresh scrape: its running + waiting less this gateway's in_flight then; 0 when stale."""
 
 
 @value
@@ -265,8 +268,18 @@ class KVEvents(_NoMemory):
         return _saturated_last([first, *rest]), choice
 
 
+def kv_load(c: Candidate) -> float:
+    """kv_events' load: this gateway's requests now (in flight and decided), plus what others had on
+    the engine at the last fresh scrape. Not candidate_load's max: with several gateway replicas,
+    one backend's fresh scrape counts every replica's requests while another's stale one counts
+    this replica's alone, and the max compared the two (a holder looked twice as busy as it was
+    and spilled)."""
+    ramp = SLOW_START_LOAD * (1.0 - c.ramp) if c.ramp < 1.0 else 0.0
+    return float(c.in_flight) + c.decided + c.external + ramp
+
+
 def _state(c: Candidate) -> EngineState:
-    load = candidate_load(c) + c.decided
+    load = kv_load(c)
     if c.load_fresh and c.load is not None:
         return EngineState(c.name, load, c.load.waiting, c.load.kv_usage)
     return EngineState(c.name, load)

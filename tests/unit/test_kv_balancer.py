@@ -6,6 +6,7 @@ decided and not yet started, so that a burst spreads."""
 from __future__ import annotations
 
 import math
+import time
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -14,11 +15,23 @@ import pytest
 
 from engines.base import EngineLoad
 from gateway.config import BackendConfig, PoolConfig
-from gateway.policy.balancer import BalanceKey, Candidate, KVEvents, make_balancer
+from gateway.config_loader import parse_config
+from gateway.fleet.registry import Registry
+from gateway.policy.balancer import BalanceKey, Candidate, KVEvents, candidate_load, kv_load, make_balancer
 from gateway.policy.cached_prefix import CachedPrefix, Saturation
 
 pytestmark = pytest.mark.unit
 
+TWO = {
+    "pools": {
+        "p": {
+            "engine": "vllm",
+            "balancer": "kv_events",
+            "backends": [{"name": n, "url": f"http://127.0.0.1:{9 + i}"} for i, n in enumerate(("b0", "b1"))],
+        }
+    },
+    "routes": [{"model": "m", "pools": ["p"]}],
+}
 POOL = PoolConfig(engine="sim", balancer="kv_events", backends=(BackendConfig(url="http://127.0.0.1:1"),))
 
 
@@ -37,7 +50,9 @@ def held(prompt_blocks: int, **blocks: int) -> CachedPrefix:
 
 
 def fresh(name: str, in_flight: int = 0, **load: float) -> Candidate:
-    return Candidate(name, in_flight, EngineLoad(**load), load_fresh=True)
+    """A backend scraped just now with `in_flight` of ours on it (Backend.candidate's `external`)."""
+    engine = load.get("running", 0.0) + load.get("waiting", 0.0)
+    return Candidate(name, in_flight, EngineLoad(**load), load_fresh=True, external=max(0.0, engine - in_flight))
 
 
 def stale(name: str, in_flight: int = 0, **load: float) -> Candidate:
@@ -244,3 +259,21 @@ def test_the_slack_keeps_a_holder_past_the_bound_but_not_a_new_conversations_hom
     loads[int(home.favourite[1:])] = 3
     moved = slack.choose(cands(*loads), new)[1]
     assert moved is not None and moved.reason == "spill" and moved.favourite != home.favourite
+
+
+def test_other_replicas_requests_count_from_the_scrape_ours_from_now() -> None:
+    """Two gateway replicas over two engines: the engine's scraped count includes the other
+    replica's requests; ours count as they are now, not as the (older) scrape saw them."""
+    registry = Registry(parse_config(TWO, env={}))
+    b0, b1 = registry.by_name["b0"], registry.by_name["b1"]
+    for b in (b0, b1):
+        b.healthy = True
+    b1.in_flight = 2
+    registry.set_load(b1, EngineLoad(running=5.0, waiting=1.0, scraped_at=time.monotonic()))
+    b1.in_flight = 0  # ours finished since the scrape; the other replica's 4 are still counted
+    b0.in_flight = 3  # b0's scrape is stale: only ours
+    registry.set_load(b0, EngineLoad(running=9.0, scraped_at=time.monotonic() - 3600))
+    loads = {c.name: kv_load(c) for c in registry.candidates("p", time.monotonic())}
+    assert loads == {"b0": 3.0, "b1": 4.0}
+    # candidate_load's max would have made b1 look busier than b0 (6 > 3) and spilled its holder.
+    assert {c.name: candidate_load(c) for c in registry.candidates("p", time.monotonic())} == {"b0": 3.0, "b1": 6.0}
