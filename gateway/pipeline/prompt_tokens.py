@@ -10,6 +10,9 @@ are remembered (TokenMemo) by the chained hash of the messages. A request is mat
 - else nothing: it is routed as if nothing were cached (the balancer's hash, which every replica
   computes alike, so a conversation's first turns have one home).
 
+A match from a leading run says so (PromptIds.whole false): past that run the prompt's ids are not
+known, so "nothing cached" then means "not known", and the balancer treats it as such.
+
 No request waits for a tokenize call: one round trip before routing cost more time to first token
 under load than the match saved (docs/routing.md, "kv_events"). Each request not remembered has its
 own ids asked, and a leading run of system messages its own, for the requests after it."""
@@ -19,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, Final
 
 from gateway.config import GatewayConfig, RouteConfig
@@ -27,6 +30,7 @@ from gateway.errors import GatewayError
 from gateway.fleet.registry import Backend, Registry
 from gateway.metrics import GatewayMetrics
 from gateway.pipeline.token_memo import TokenMemo, message_keys, prompt_key
+from gateway.policy.cached_prefix import PromptIds
 from gateway.upstream.client import UpstreamClient
 
 log = logging.getLogger(__name__)
@@ -61,7 +65,7 @@ class PromptTokens:
     def wanted(self, route: RouteConfig) -> bool:
         return any(pool in self._pools for pool in route.pools)
 
-    def ids(self, route: RouteConfig, model: str, view: Mapping[str, Any] | None) -> Sequence[int] | None:
+    def ids(self, route: RouteConfig, model: str, view: Mapping[str, Any] | None) -> PromptIds | None:
         """The ids to match now (None: none known), and the calls that learn them for later."""
         if view is None:
             return None
@@ -78,7 +82,7 @@ class PromptTokens:
         own = self.memo.get(keys[-1])
         if own is not None:
             self._count("remembered")
-            return own
+            return PromptIds(own, True)
         self._learn(route, model, messages, prompt, keys[-1])
         if messages is not None:
             system = _system_run(messages)
@@ -86,7 +90,7 @@ class PromptTokens:
                 self._learn(route, model, messages[:system], None, keys[system - 1])
         earlier = self.memo.longest(keys[:-1])
         self._count("prefix" if earlier is not None else "none")
-        return earlier
+        return PromptIds(earlier, False) if earlier is not None else None
 
     def _learn(
         self, route: RouteConfig, model: str, messages: list[Any] | None, prompt: str | None, key: bytes

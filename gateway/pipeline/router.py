@@ -16,7 +16,7 @@ from gateway.fleet.registry import Backend, Registry
 from gateway.metrics import GatewayMetrics
 from gateway.pipeline.context import Candidate, Plan, Request
 from gateway.policy.balancer import BalanceKey, Balancer, KVEvents, make_balancer
-from gateway.policy.cached_prefix import PromptBlocks
+from gateway.policy.cached_prefix import PromptBlocks, PromptIds
 from gateway.policy.models import ModelNames, Resolved, choose_pool, upstream_model
 from gateway.policy.prefix import (
     PrefixTracker,
@@ -32,7 +32,7 @@ from gateway.policy.rules import Platform, RequestFacts
 class CacheView(Protocol):
     """What the engines' KV events say each backend holds (fleet/kvevents/fleet.py)."""
 
-    def cached(self, names: Iterable[str], tokens: Sequence[int], now: float) -> PromptBlocks: ...
+    def cached(self, names: Iterable[str], tokens: Sequence[int], now: float, whole: bool = True) -> PromptBlocks: ...
 
     def decided(self, name: str, prompt: PromptBlocks, now: float) -> None: ...
 
@@ -121,9 +121,9 @@ class Router:
         )
         return facts, fp
 
-    def plan(self, request: Request, prompt_tokens: int = 0, tokens: Sequence[int] | None = None) -> Plan:
+    def plan(self, request: Request, prompt_tokens: int = 0, tokens: PromptIds | None = None) -> Plan:
         """The plan for `request`, whose prompt is estimated at `prompt_tokens`; `tokens` are the
-        prompt's token ids, for a kv_events pool (None: not known)."""
+        prompt's token ids (or a leading run's), for a kv_events pool (None: not known)."""
         now = time.monotonic()
         route, inbound, view, headers = request.route, request.inbound, request.view, request.headers
         name = request.model
@@ -145,8 +145,9 @@ class Router:
         if anchor is not None and session is not None:
             anchor_key = session_anchor(session)  # an agent's session first, its first message after
         cached = prompt = None
-        if tokens and self._kv is not None and decision.pool in self._kv_pools:
-            prompt = self._kv.cached((b.name for b in self._registry.pools.get(decision.pool, ())), tokens, now)
+        if tokens is not None and tokens.ids and self._kv is not None and decision.pool in self._kv_pools:
+            names = (b.name for b in self._registry.pools.get(decision.pool, ()))
+            prompt = self._kv.cached(names, tokens.ids, now, tokens.whole)
             cached = prompt.cached
         key = BalanceKey(
             fingerprint=fp,

@@ -5,7 +5,7 @@ passed in."""
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
+from collections import Counter, OrderedDict, deque
 from collections.abc import Sequence
 from hashlib import blake2b
 from typing import Protocol
@@ -22,6 +22,11 @@ KV_WEIGHT = 2.0
 SLOW_START_LOAD = 8.0
 """A backend just back from an outage looks this many requests busier, falling linearly to none over
 health.slow_start_s: it gets a ramped share, not a full one at once (a cold cache, a warming engine)."""
+HOT_WINDOW = 64
+"""kv_events: the recent requests over which a conversation's share is counted."""
+HOT_SHARE = 1 / 3
+"""kv_events: a conversation with this share of the recent requests, over the number of backends,
+is hot: copies of it on several backends pay for themselves, and its requests even the load."""
 AFFINITY_MAX_ENTRIES = 65_536
 """prefix_affinity: learned block hashes kept (log2(blocks) + 1 per request: ~10k recent prompts)."""
 
@@ -248,8 +253,12 @@ class KVEvents(_NoMemory):
     and not yet started, so that a burst decided together spreads instead of landing on one
     backend. Every replica that hears the same events decides the same (up to load)."""
 
-    def __init__(self, saturation: Saturation) -> None:
+    def __init__(self, saturation: Saturation, window: int = HOT_WINDOW) -> None:
         self._saturation = saturation
+        self._window = window
+        self._recent: deque[bytes] = deque()
+        """The conversation keys of the last `window` requests, oldest first."""
+        self._counts: Counter[bytes] = Counter()
 
     def order(self, candidates: Sequence[Candidate], key: BalanceKey) -> list[Candidate]:
         return self.choose(candidates, key)[0]
@@ -261,11 +270,25 @@ class KVEvents(_NoMemory):
         states = [_state(c) for c in candidates]
         seed = _hash_seed(key)
         hashed = [c.name for c in rendezvous(seed, candidates)] if seed is not None else []
-        choice = choose(states, hashed, key.cached, self._saturation)
+        hot = seed is not None and self._hot(seed, len(candidates))
+        choice = choose(states, hashed, key.cached, self._saturation, hot)
         loads = {s.name: s.load for s in states}
         first = next(c for c in candidates if c.name == choice.favourite)
         rest = sorted((c for c in candidates if c is not first), key=lambda c: (loads[c.name], c.name))
         return _saturated_last([first, *rest]), choice
+
+    def _hot(self, seed: bytes, backends: int) -> bool:
+        """Count the request; whether its conversation has at least HOT_SHARE / backends of the
+        recent requests (with 2 backends: a sixth)."""
+        recent, counts = self._recent, self._counts
+        recent.append(seed)
+        counts[seed] += 1
+        if len(recent) > self._window:
+            old = recent.popleft()
+            counts[old] -= 1
+            if not counts[old]:
+                del counts[old]
+        return counts[seed] * backends >= HOT_SHARE * max(len(recent), self._window // 2)
 
 
 def kv_load(c: Candidate) -> float:

@@ -13,6 +13,16 @@ from gateway.value import value
 
 
 @value
+class PromptIds:
+    """The token ids to match a prompt with (pipeline/prompt_tokens.py)."""
+
+    ids: Sequence[int]
+    whole: bool
+    """The prompt's own ids; false: a leading run's (an earlier turn, or the system prompt alone),
+    past which the prompt is not known."""
+
+
+@value
 class CachedPrefix:
     """What the engines' KV events say about one prompt, at decision time."""
 
@@ -22,6 +32,9 @@ class CachedPrefix:
     """Full blocks in the prompt (at the engines' block size)."""
     block_sizes: tuple[tuple[str, int], ...] = ()
     """(backend, its engine's block size in tokens), for the same backends."""
+    whole: bool = True
+    """Matched from the prompt's own ids; false: from a leading run's, so a backend may hold more
+    of the prompt than `blocks` says."""
 
     def tokens(self, name: str) -> int | None:
         """The prompt tokens `name` holds by its events (None: it streams none)."""
@@ -91,10 +104,15 @@ def signalled(state: EngineState, sat: Saturation) -> bool:
 
 
 def choose(
-    states: Sequence[EngineState], hashed: Sequence[str], cached: CachedPrefix | None, sat: Saturation
+    states: Sequence[EngineState],
+    hashed: Sequence[str],
+    cached: CachedPrefix | None,
+    sat: Saturation,
+    hot: bool = False,
 ) -> KVChoice:
     """`states` non-empty; `hashed` the same names in the consistent hash's order for this request
-    (empty when the request has no key to hash)."""
+    (empty when the request has no key to hash); `hot`: the conversation carries a large share of
+    the pool's recent requests (KVEvents)."""
     by_name = {s.name: s for s in states}
     loads = [s.load for s in states]
     limit = bound(loads, sat.epsilon)
@@ -116,7 +134,21 @@ def choose(
     open_ = [s for s in states if room(s, limit)]
     least = min(open_ or states, key=lambda s: (s.load, -matched.get(s.name, 0), s.name))
     rank = {name: i for i, name in enumerate(hashed)}
-    if best > 0:
+    if best > 0 and hot:
+        # A hot conversation is worth a copy on every backend it needs: its requests go to the least
+        # loaded backend holding all but at most one block of its prefix, under the plain bound (no
+        # slack), so its traffic evens the load; past that bound it spills and the copy it makes is
+        # reused by its next requests.
+        near = [s for s in states if matched.get(s.name, 0) >= best - 1 and room(s, limit)]
+        if near:
+            pick = min(near, key=lambda s: (s.load, -matched.get(s.name, 0), rank.get(s.name, len(rank)), s.name))
+            reason = "sticky"
+        elif open_:
+            pick = min(open_, key=lambda s: (-matched.get(s.name, 0), s.load, s.name))
+            reason = "spill"
+        else:
+            pick, reason = least, "spill"
+    elif best > 0:
         # Of the backends with room holding the longest prefix, the first in the conversation's hash
         # order (its home), then the least loaded: a conversation that spilled once goes back home
         # while there is room, and the copy elsewhere ages out instead of being kept warm by turns
@@ -136,12 +168,14 @@ def choose(
         # No engine holds any of it (or its ids are not known): the conversation's hash home, which
         # every replica computes alike, so that replicas agree on a new conversation's home and a
         # replica that has not seen the conversation guesses where the others sent it. Ids not known
-        # yet (another gateway replica served the conversation's earlier turns, or this one is still
-        # asking them) most often mean a conversation that lives at its home: it keeps the holder's
-        # slack. Known ids that nothing holds mean a new or evicted conversation: no slack, so that
-        # new conversations spread the load.
+        # yet, or known only for a leading run such as the system prompt (another gateway replica
+        # served the conversation's earlier turns, or this one is still asking them), most often
+        # mean a conversation that lives at its home: it keeps the holder's slack. The prompt's own
+        # ids held nowhere mean a new or evicted conversation: no slack, so that new conversations
+        # spread the load.
         first = by_name[hashed[0]]
-        pick, reason = (first, "hash") if room(first, limit if cached is not None else keep) else (least, "spill")
+        known = cached is not None and cached.whole
+        pick, reason = (first, "hash") if room(first, limit if known else keep) else (least, "spill")
     else:
         pick, reason = least, "least_load"
     return KVChoice(pick.name, reason, _explain(pick.name, reason, states, matched, cached))

@@ -277,3 +277,51 @@ def test_other_replicas_requests_count_from_the_scrape_ours_from_now() -> None:
     assert loads == {"b0": 3.0, "b1": 4.0}
     # candidate_load's max would have made b1 look busier than b0 (6 > 3) and spilled its holder.
     assert {c.name: candidate_load(c) for c in registry.candidates("p", time.monotonic())} == {"b0": 3.0, "b1": 6.0}
+
+
+def test_a_leading_run_match_that_holds_nothing_keeps_the_hash_home_within_the_slack() -> None:
+    """Only the system prompt's ids are known (less than a block): nothing is held by what is
+    known, which says nothing about the rest of the prompt, so the home keeps its slack; the
+    prompt's own ids held nowhere do not."""
+    partial = BalanceKey(anchor=12345, cached=CachedPrefix((("b0", 0), ("b1", 0)), 0, whole=False))
+    home = balancer().choose(cands(0, 0), partial)[1]
+    assert home is not None and home.reason == "hash"
+    loads = [0, 0]
+    loads[int(home.favourite[1:])] = 4  # 5 > ceil(1.25 x 2.5) = 4, within 2.5 + 4
+    kept = balancer().choose(cands(*loads), partial)[1]
+    assert kept is not None and (kept.favourite, kept.reason) == (home.favourite, "hash")
+    whole = BalanceKey(anchor=12345, cached=CachedPrefix((("b0", 0), ("b1", 0)), 3))
+    moved = balancer().choose(cands(*loads), whole)[1]
+    assert moved is not None and moved.reason == "spill" and moved.favourite != home.favourite
+
+
+def test_a_hot_conversation_goes_to_the_less_loaded_of_its_holders() -> None:
+    """One conversation with most of the recent requests, held by both backends (all but one block
+    on b1): its requests go to the less loaded; a cold conversation held by both stays home."""
+    b = balancer()
+    hot_key = BalanceKey(anchor=1, cached=held(5, b0=5, b1=4))
+    for n in range(40):  # the hot conversation's share of the window: well past a sixth
+        b.choose(cands(0, 0), hot_key if n % 2 else BalanceKey(anchor=1000 + n, cached=held(5)))
+    for loads, want in (((3, 1), "b1"), ((1, 3), "b0")):
+        choice = b.choose(cands(*loads), hot_key)[1]
+        assert choice is not None and (choice.favourite, choice.reason) == (want, "sticky"), loads
+    cold = BalanceKey(anchor=999_999, cached=held(5, b0=5, b1=5))
+    home = balancer().choose(cands(0, 0), BalanceKey(anchor=999_999))[1]
+    assert home is not None
+    heavy = [0, 0]
+    heavy[int(home.favourite[1:])] = 2  # more than the other, within the bound
+    choice = b.choose(cands(*heavy), cold)[1]
+    assert choice is not None and choice.favourite == home.favourite
+
+
+def test_a_hot_conversation_gets_no_slack() -> None:
+    """Held by b0 alone and past the plain bound: a hot conversation spills (its copy will be
+    reused), where a cold one would stay within the slack."""
+    b = balancer()
+    hot_key = BalanceKey(anchor=1, cached=held(5, b0=5))
+    for _ in range(40):
+        b.choose(cands(0, 0), hot_key)
+    choice = b.choose(cands(4, 0), hot_key)[1]  # 5 > ceil(1.25 x 2.5) = 4
+    assert choice is not None and (choice.favourite, choice.reason) == ("b1", "spill")
+    cold = balancer().choose(cands(4, 0), BalanceKey(anchor=1, cached=held(5, b0=5)))[1]
+    assert cold is not None and (cold.favourite, cold.reason) == ("b0", "sticky")

@@ -73,10 +73,10 @@ class KVEventFleet:
         """After the tasks are cancelled: their sockets are closed, the context goes."""
         self._ctx.destroy(linger=0)
 
-    def cached(self, names: Iterable[str], tokens: Sequence[int], now: float) -> PromptBlocks:
+    def cached(self, names: Iterable[str], tokens: Sequence[int], now: float, whole: bool = True) -> PromptBlocks:
         """How many leading blocks of the prompt each named backend holds, by its events or by this
         gateway's recent decisions (decided()); keys are computed once per block size, not per
-        backend."""
+        backend. `whole`: `tokens` are the prompt's own ids, not a leading run's."""
         keys: dict[int, list[bytes]] = {}
         blocks: list[tuple[str, int]] = []
         sizes: list[tuple[str, int]] = []
@@ -92,7 +92,7 @@ class KVEventFleet:
             prompt_blocks = max(prompt_blocks, len(keys[size]))
             blocks.append((name, self._held(name, sub.index, keys[size], now)))
             sizes.append((name, size))
-        return PromptBlocks(CachedPrefix(tuple(blocks), prompt_blocks, tuple(sizes)), keys)
+        return PromptBlocks(CachedPrefix(tuple(blocks), prompt_blocks, tuple(sizes), whole), keys)
 
     def _held(self, name: str, index: EngineIndex, keys: Sequence[bytes], now: float) -> int:
         n = index.match(keys)
