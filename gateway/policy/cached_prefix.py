@@ -121,10 +121,11 @@ def choose(
     # scrape is up to scrape_interval_s old; alone it moved conversations off holders that had
     # drained since (each move a full prefill elsewhere and a copy of the prefix).
     mean_now = sum(loads) / len(loads)
-    busy = {s.name for s in states if s.load > mean_now and signalled(s, sat)}
+    flagged = [s for s in states if signalled(s, sat)]
     # Every engine reports a queue or a full cache: moving the request shortens no queue, and a
     # cached prefix still saves its prefill, so only the load bound applies.
-    everyone_busy = len(busy) == len(states)
+    everyone_busy = len(flagged) == len(states)
+    busy = {s.name for s in flagged if s.load > mean_now}
 
     def room(s: EngineState, cap: float) -> bool:
         return s.load + 1.0 <= cap and (everyone_busy or s.name not in busy)
