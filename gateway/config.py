@@ -330,10 +330,11 @@ class PoolConfig(_Model):
     """prefix_affinity: the favourite may also run this many requests above the mean load, so that
     small pools at low load keep their caches instead of spilling on every chance imbalance."""
     """prefix_affinity spills to the next choice past (1+epsilon) x the pool's mean load."""
-    kv_epsilon: Annotated[float, Field(ge=0)] = 0.25
+    kv_epsilon: Annotated[float, Field(ge=0)] = 0.5
     """kv_events: the backend holding the longest cached prefix keeps the request until it would
     carry more than (1+kv_epsilon) x the pool's mean load (requests decided and not yet started
-    count), then the least loaded takes it. The same default as affinity_epsilon."""
+    count), then the least loaded takes it. Looser than affinity_epsilon: hot conversations even
+    the load, and a cold one moved costs its whole prefix (docs/routing-benchmark.md)."""
     kv_slack: Annotated[int, Field(ge=0)] = 4
     """kv_events: that backend may also carry this many requests above the pool's mean load (as
     affinity_slack, the same default): fewer spills for a less even load; so may a conversation's

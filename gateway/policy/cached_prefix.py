@@ -54,7 +54,7 @@ class PromptBlocks:
 class Saturation:
     """When a backend stops taking requests for its cache's sake (any one suffices)."""
 
-    epsilon: float = 0.25
+    epsilon: float = 0.5
     """Bounded load: past ceil((1 + epsilon) x the mean load after this request)."""
     slack: int = 4
     """A backend holding the prompt's longest cached prefix may also run this many requests above

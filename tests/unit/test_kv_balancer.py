@@ -63,7 +63,7 @@ CASES: list[tuple[str, Sequence[Candidate], BalanceKey, str, str]] = [
     ("longest prefix wins", cands(0, 0, 0), BalanceKey(cached=held(6, b0=2, b1=5)), "b1", "sticky"),
     ("longest prefix over a lighter load", cands(1, 2, 3), BalanceKey(cached=held(6, b0=2, b1=5)), "b1", "sticky"),
     ("equal prefixes: the least loaded", cands(3, 1, 0), BalanceKey(cached=held(6, b0=4, b1=4)), "b1", "sticky"),
-    # The holder's bound with the defaults: max(ceil(1.25 x mean after), mean after + 4).
+    # The holder's bound with the defaults: max(ceil(1.5 x mean after), mean after + 4).
     ("within the slack: sticky", cands(0, 4, 1), BalanceKey(cached=held(6, b1=5)), "b1", "sticky"),
     ("past the load bound: spill", cands(0, 9, 1), BalanceKey(cached=held(6, b1=5)), "b0", "spill"),
     (
@@ -151,7 +151,7 @@ def test_the_hash_choice_yields_under_load() -> None:
     choice = balancer().choose(cands(0, 0, 0, 0), key)[1]
     assert choice is not None
     loads = [0, 0, 0, 0]
-    loads[int(choice.favourite[1:])] = 3  # 4 > ceil(1.25 x (3 + 1) / 4) = 2
+    loads[int(choice.favourite[1:])] = 3  # 4 > ceil(1.5 x (3 + 1) / 4) = 2
     spilled = balancer().choose(cands(*loads), key)[1]
     assert spilled is not None and spilled.reason == "spill" and spilled.favourite != choice.favourite
 
@@ -245,7 +245,7 @@ def test_the_slack_keeps_a_holder_past_the_bound_but_not_a_new_conversations_hom
     none = make_balancer("kv_events", POOL.model_copy(update={"kv_slack": 0}))
     assert isinstance(none, KVEvents) and POOL.kv_slack == 4
     key = BalanceKey(cached=held(6, b1=5))
-    # b1 at 4 of a mean after (5 + 1) / 3 = 2: past ceil(1.25 x 2) = 3, within 2 + 4 = 6.
+    # b1 at 4 of a mean after (5 + 1) / 3 = 2: past ceil(1.5 x 2) = 3, within 2 + 4 = 6.
     kept, spilled = slack.choose(cands(0, 4, 1), key)[1], none.choose(cands(0, 4, 1), key)[1]
     assert kept is not None and spilled is not None
     assert (kept.favourite, kept.reason) == ("b1", "sticky") and spilled.reason == "spill"
@@ -287,7 +287,7 @@ def test_a_leading_run_match_that_holds_nothing_keeps_the_hash_home_within_the_s
     home = balancer().choose(cands(0, 0), partial)[1]
     assert home is not None and home.reason == "hash"
     loads = [0, 0]
-    loads[int(home.favourite[1:])] = 4  # 5 > ceil(1.25 x 2.5) = 4, within 2.5 + 4
+    loads[int(home.favourite[1:])] = 4  # 5 > ceil(1.5 x 2.5) = 4, within 2.5 + 4
     kept = balancer().choose(cands(*loads), partial)[1]
     assert kept is not None and (kept.favourite, kept.reason) == (home.favourite, "hash")
     whole = BalanceKey(anchor=12345, cached=CachedPrefix((("b0", 0), ("b1", 0)), 3))
@@ -321,7 +321,7 @@ def test_a_hot_conversation_gets_no_slack() -> None:
     hot_key = BalanceKey(anchor=1, cached=held(5, b0=5))
     for _ in range(40):
         b.choose(cands(0, 0), hot_key)
-    choice = b.choose(cands(4, 0), hot_key)[1]  # 5 > ceil(1.25 x 2.5) = 4
+    choice = b.choose(cands(4, 0), hot_key)[1]  # 5 > ceil(1.5 x 2.5) = 4
     assert choice is not None and (choice.favourite, choice.reason) == ("b1", "spill")
     cold = balancer().choose(cands(4, 0), BalanceKey(anchor=1, cached=held(5, b0=5)))[1]
     assert cold is not None and (cold.favourite, cold.reason) == ("b0", "sticky")
