@@ -508,9 +508,13 @@ def run_gateway_policy(
     slack: int | None = None,
 ) -> RunResult:
     """`gateways` gateway replicas with the same config over the same engines, the client alternating
-    between them; each learns (prefix_affinity) or subscribes (kv_events) on its own."""
-    for s in pair:
-        reset_prefix_cache(s.base_url)
+    between them; each learns (prefix_affinity) or subscribes (kv_events) on its own.
+
+    The gateways start before the caches are reset, and each engine is then sent one request of
+    its own (a few tokens, less than a block: nothing the workload can hit), whatever the policy:
+    the engine publishes its events at its next step, so a kv_events gateway hears the reset then,
+    and the catch-up replay of everything the engine buffered since it started (its first message
+    triggers one) happens before the run, as for a gateway that has been running, not during it."""
     names = [f"r{i}" for i in range(len(pair))]
     backends = list(zip(names, [s.base_url for s in pair], strict=True))
     data = gateway_config(balancer, backends, epsilon, events, slack)
@@ -524,6 +528,11 @@ def run_gateway_policy(
             if time.monotonic() > deadline:
                 raise RuntimeError("a gateway did not see every replica healthy")
             time.sleep(0.05)
+        for s in pair:
+            reset_prefix_cache(s.base_url)
+            poke = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+            httpx.post(f"{s.v1_url}/chat/completions", json=poke, timeout=30).raise_for_status()
+        caught_up(started, deadline=time.monotonic() + 30)
 
         def probe() -> dict[str, int]:  # an engine's in-flight requests: the sum over the gateways
             return {n: sum(reg.by_name[n].in_flight for reg in registries) for n in names}
@@ -544,6 +553,18 @@ def run_gateway_policy(
     finally:
         for gw in started:
             gw.stop()
+
+
+def caught_up(gateways: Sequence[GatewayThread], deadline: float) -> None:
+    """Wait until every kv_events subscriber of every gateway has heard its engine (and so replayed
+    what the engine buffered before it): `last_seq` is set only after that replay."""
+    subscribers = [
+        sub for gw in gateways if gw.gateway.kv_events is not None for sub in gw.gateway.kv_events.subscribers.values()
+    ]
+    while any(sub.last_seq is None for sub in subscribers):
+        if time.monotonic() > deadline:
+            raise RuntimeError("a gateway's KV-event subscriber heard nothing from its engine")
+        time.sleep(0.05)
 
 
 @contextlib.contextmanager
