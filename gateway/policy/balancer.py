@@ -251,7 +251,9 @@ class KVEvents(_NoMemory):
     prefix while its backend is not saturated, else the least loaded; with nothing cached, a
     rendezvous hash of the conversation under the same load bound. Loads include requests decided
     and not yet started, so that a burst decided together spreads instead of landing on one
-    backend. Every replica that hears the same events decides the same (up to load)."""
+    backend. Every replica that hears the same events decides the same (up to load). It keeps the
+    conversation keys of its last `window` requests, so that a hot conversation (HOT_SHARE) is
+    spread by load over the backends holding it while the others stay where their prefix is."""
 
     def __init__(self, saturation: Saturation, window: int = HOT_WINDOW) -> None:
         self._saturation = saturation
