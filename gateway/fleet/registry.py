@@ -89,16 +89,8 @@ class Backend:
             max_in_flight=self.max_in_flight,
             ramp=ramp,
             decided=self.decided,
-            external=self._external() if fresh else 0.0,
+            in_flight_at_scrape=self.in_flight_at_scrape,
         )
-
-    def _external(self) -> float:
-        """Requests on the engine at the last scrape that this gateway did not send."""
-        load = self.load
-        if load is None:
-            return 0.0
-        engine = (load.running or 0.0) + (load.waiting or 0.0)
-        return max(0.0, engine - self.in_flight_at_scrape)
 
 
 @dataclass(eq=False)

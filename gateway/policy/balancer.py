@@ -45,9 +45,9 @@ class Candidate:
     decided: int = 0
     """Requests routed here that have not started their attempt yet (queued for admission, their
     caps being counted): load at decision time, which in_flight counts only from the attempt."""
-    external: float = 0.0
-    """Requests on the engine that other clients (other gateway replicas among them) had there at
-    the last fresh scrape: its running + waiting less this gateway's in_flight then; 0 when stale."""
+    in_flight_at_scrape: int = 0
+    """in_flight when `load` was scraped: the engine's running + waiting less this is what other
+    clients (other gateway replicas among them) had on it then (kv_load)."""
 
 
 @value
@@ -94,11 +94,16 @@ class _NoMemory:
         return None
 
 
+def _ramp_load(c: Candidate) -> float:
+    """Slow start's extra load (SLOW_START_LOAD)."""
+    return SLOW_START_LOAD * (1.0 - c.ramp) if c.ramp < 1.0 else 0.0
+
+
 def candidate_load(c: Candidate) -> float:
     """Requests on the backend: ours in flight or, when the scrape is fresh, what the engine reports
     running and waiting if that is more. A max, not a sum: the engine's count already includes ours,
     and summing would make a backend with a stale scrape look half as busy as a fresh one."""
-    ramp = SLOW_START_LOAD * (1.0 - c.ramp) if c.ramp < 1.0 else 0.0
+    ramp = _ramp_load(c)
     if c.load_fresh and c.load is not None:
         engine = (c.load.running or 0.0) + (c.load.waiting or 0.0)
         return max(float(c.in_flight), engine) + ramp
@@ -299,8 +304,11 @@ def kv_load(c: Candidate) -> float:
     one backend's fresh scrape counts every replica's requests while another's stale one counts
     this replica's alone, and the max compared the two (a holder looked twice as busy as it was
     and spilled)."""
-    ramp = SLOW_START_LOAD * (1.0 - c.ramp) if c.ramp < 1.0 else 0.0
-    return float(c.in_flight) + c.decided + c.external + ramp
+    external = 0.0
+    if c.load_fresh and c.load is not None:
+        engine = (c.load.running or 0.0) + (c.load.waiting or 0.0)
+        external = max(0.0, engine - c.in_flight_at_scrape)
+    return float(c.in_flight) + c.decided + external + _ramp_load(c)
 
 
 def _state(c: Candidate) -> EngineState:

@@ -50,9 +50,8 @@ def held(prompt_blocks: int, **blocks: int) -> CachedPrefix:
 
 
 def fresh(name: str, in_flight: int = 0, **load: float) -> Candidate:
-    """A backend scraped just now with `in_flight` of ours on it (Backend.candidate's `external`)."""
-    engine = load.get("running", 0.0) + load.get("waiting", 0.0)
-    return Candidate(name, in_flight, EngineLoad(**load), load_fresh=True, external=max(0.0, engine - in_flight))
+    """A backend scraped just now with `in_flight` of ours on it."""
+    return Candidate(name, in_flight, EngineLoad(**load), load_fresh=True, in_flight_at_scrape=in_flight)
 
 
 def stale(name: str, in_flight: int = 0, **load: float) -> Candidate:
