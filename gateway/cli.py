@@ -39,12 +39,13 @@ def _count(n: int, word: str) -> str:
 def _serving(main: Coroutine[Any, Any, None], port: int) -> int:
     """Run a serving command to its end: Ctrl-C (once or twice) is a normal stop, and a port that
     cannot be bound is one line on stderr and exit 1, never a traceback."""
+    from gateway.pipeline.chat_tokenizer import TokenizerError
     from gateway.serving.server import ListenError, port_in_use, run
 
     try:
         with contextlib.suppress(KeyboardInterrupt):
             run(main)
-    except ListenError as exc:
+    except (ListenError, TokenizerError) as exc:
         print(f"gateway: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:  # the simulator binds with asyncio.start_server
@@ -88,11 +89,13 @@ def cmd_epp(args: argparse.Namespace) -> int:
             raise
         print(f"gateway: {exc.name} is missing: pip install 'llm-gateway[epp]'", file=sys.stderr)
         return 1
+    from gateway.pipeline.chat_tokenizer import TokenizerError
+
     configure_logging(args.log_level)
     try:
         with contextlib.suppress(KeyboardInterrupt):
             asyncio.run(run_epp(config, args.host, args.port, args.metrics_port))
-    except EppListenError as exc:
+    except (EppListenError, TokenizerError) as exc:
         print(f"gateway: {exc}", file=sys.stderr)
         return 1
     return 0
@@ -101,6 +104,14 @@ def cmd_epp(args: argparse.Namespace) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     config = _load(args.file)
     if config is None:
+        return 1
+    from gateway.app.build import pool_tokenizers
+    from gateway.pipeline.chat_tokenizer import TokenizerError
+
+    try:
+        pool_tokenizers(config)  # files a pool names: read now, as `serve` would
+    except TokenizerError as exc:
+        print(f"{args.file}: invalid config\n  {exc}", file=sys.stderr)
         return 1
     backends = sum(len(p.backends) for p in config.pools.values())
     sizes = ((len(config.pools), "pool"), (backends, "backend"), (len(config.routes), "route"))

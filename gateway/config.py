@@ -346,6 +346,18 @@ class PoolConfig(_Model):
     kv_saturation_kv_usage: Annotated[float, Field(gt=0, le=1)] | None = 0.95
     """kv_events: an engine reporting its KV cache this full (a fresh scrape) while it carries more
     than the pool's mean load is saturated."""
+    tokenizer: Annotated[str, Field(min_length=1)] | None = None
+    """kv_events: a directory with the pool's model's tokenizer.json and chat template
+    (tokenizer_config.json or chat_template.jinja): prompts' token ids are encoded by the gateway
+    before routing instead of asked of the engines (pipeline/chat_tokenizer.py)."""
+
+    @model_validator(mode="after")
+    def _check_tokenizer(self) -> PoolConfig:
+        if self.tokenizer is not None and self.balancer != "kv_events":
+            raise ValueError(
+                f"`tokenizer` is read by the kv_events balancer only; this pool's balancer is {self.balancer}"
+            )
+        return self
 
 
 class RuleWhen(_Model):

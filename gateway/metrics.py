@@ -207,7 +207,8 @@ class GatewayMetrics:
         self.kv_prompt_ids = LeanCounter(
             "gateway_kv_events_prompt_ids",
             "kv_events: where a request's token ids for the cache match came from (remembered: its own; "
-            "prefix: an earlier turn's or its system messages'; none: routed with no match).",
+            "local: its own, from the pool's tokenizer; prefix: an earlier turn's or its system messages'; none: "
+            "routed with no match; mismatch: the pool's tokenizer disagreed with the engine and was turned off).",
             ("source",),
             registry=r,
         )

@@ -31,6 +31,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.pipeline.accounting import Accounting
 from gateway.pipeline.admission import Admission
 from gateway.pipeline.attempts import Attempts
+from gateway.pipeline.chat_tokenizer import ChatTokenizer
 from gateway.pipeline.endpoint import CompletionEndpoint, Stages
 from gateway.pipeline.enforcer import CapEnforcer
 from gateway.pipeline.lifecycle import Lifecycle
@@ -182,10 +183,18 @@ def build(
         access=access_gate(config, metrics, memory),
         responses=responses or ResponseStore(config.limits.max_response_ids),
         kv_events=kv_events,
-        tokens=PromptTokens(config, registry, upstream, set(kv_events.subscribers), metrics) if kv_events else None,
+        tokens=PromptTokens(config, registry, upstream, set(kv_events.subscribers), metrics, pool_tokenizers(config))
+        if kv_events
+        else None,
         tracing=tracing or NoTracing(),
         pool_followers=followers,
     )
+
+
+def pool_tokenizers(config: GatewayConfig) -> dict[str, ChatTokenizer]:
+    """Each kv_events pool's tokenizer, loaded from the files its config names (TokenizerError: the
+    gateway does not start)."""
+    return {name: ChatTokenizer.load(p.tokenizer) for name, p in config.pools.items() if p.tokenizer is not None}
 
 
 @dataclass
@@ -268,6 +277,9 @@ async def start_gateway(gw: Gateway) -> list[asyncio.Task[None]]:
         tasks += gw.kv_events.start()
         for name, sub in gw.kv_events.subscribers.items():
             log.info("backend %s streams KV events from %s", name, sub.endpoint)
+        for name, pool in gw.config.pools.items():
+            if pool.tokenizer is not None:
+                log.info("pool %s encodes prompts for the KV match with the tokenizer in %s", name, pool.tokenizer)
     return tasks
 
 

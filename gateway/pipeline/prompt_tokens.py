@@ -1,9 +1,12 @@
 """A prompt's token ids as the engine will see them (chat template included), for matching against
-the engines' KV events. The ids come from the engine's own tokenize call (vLLM's and SGLang's POST
-/tokenize answer them), asked of the route's `kv_events` backends in turn, in the background, and
-are remembered (TokenMemo) by the chained hash of the messages. A request is matched from:
+the engines' KV events. The ids come from the model's own tokenizer and chat template when the pool
+names them (`tokenizer`, pipeline/chat_tokenizer.py), else from the engine's tokenize call (vLLM's
+and SGLang's POST /tokenize answer them), asked of the route's `kv_events` backends in turn, in the
+background, and are remembered (TokenMemo) by the chained hash of the messages. A request is
+matched from:
 
 - its own ids, remembered (the same conversation state sent again);
+- its own ids from the pool's tokenizer, encoded now when the prompt is short (INLINE_CHARS);
 - else the ids of its longest remembered leading run of messages (a conversation's earlier turn, or
   its system prompt alone), a prefix of its own up to that run's last message: all an engine can
   hold of it from earlier requests;
@@ -15,20 +18,27 @@ known, so "nothing cached" then means "not known", and the balancer treats it as
 
 No request waits for a tokenize call: one round trip before routing cost more time to first token
 under load than the match saved (docs/routing.md, "kv_events"). Each request not remembered has its
-own ids asked, and a leading run of system messages its own, for the requests after it."""
+own ids asked (of the engine, or of the tokenizer in a worker thread when the prompt is long), and
+a leading run of system messages its own, for the requests after it.
+
+The pool's tokenizer is trusted only while it agrees with the engine: its first CHECK_FIRST prompts
+and one in CHECK_EVERY after are also asked of the engine, and one difference turns it off for the
+pool and empties the memo (a warning, and the `mismatch` count)."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
 import logging
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from gateway.config import GatewayConfig, RouteConfig
 from gateway.errors import GatewayError
 from gateway.fleet.registry import Backend, Registry
 from gateway.metrics import GatewayMetrics
+from gateway.pipeline.chat_tokenizer import ChatTokenizer
 from gateway.pipeline.token_memo import TokenMemo, message_keys, prompt_key
 from gateway.policy.cached_prefix import PromptIds
 from gateway.upstream.client import UpstreamClient
@@ -38,6 +48,16 @@ log = logging.getLogger(__name__)
 BACKGROUND_CALLS: Final = 8
 """Tokenize calls in flight at most; past it a request's ids are not learned (its next turn then
 matches from an earlier one, or from nothing)."""
+INLINE_CHARS: Final = 8192
+"""A prompt of up to this many characters (its messages' contents) is encoded by the pool's
+tokenizer before routing, on the event loop: ~0.4 ms for the 1,900 characters of the affinity
+benchmark's prompts with the test model's tokenizer (docs/routing.md). A longer one is encoded in a
+worker thread (the encoder releases the GIL) for the requests after it, so the loop never waits on
+an agent's 100,000 characters."""
+CHECK_FIRST: Final = 4
+CHECK_EVERY: Final = 256
+"""The pool's tokenizer's first CHECK_FIRST prompts, and one in CHECK_EVERY after, are also asked
+of the engine (in the background) and compared."""
 
 
 class PromptTokens:
@@ -48,6 +68,7 @@ class PromptTokens:
         upstream: UpstreamClient,
         streaming: set[str],
         metrics: GatewayMetrics,
+        local: Mapping[str, ChatTokenizer] | None = None,
     ) -> None:
         self._registry = registry
         self._upstream = upstream
@@ -61,6 +82,10 @@ class PromptTokens:
         self._asking: set[bytes] = set()
         """The keys of the prompts being asked: one call a prompt, however many requests send it."""
         self._background: set[asyncio.Task[Any]] = set()
+        self._local = dict(local or {})
+        """Pool -> its tokenizer, while it agrees with the engine."""
+        self._encoded: Counter[str] = Counter()
+        """Pool -> prompts its tokenizer encoded (which of them are checked)."""
 
     def wanted(self, route: RouteConfig) -> bool:
         return any(pool in self._pools for pool in route.pools)
@@ -83,7 +108,19 @@ class PromptTokens:
         if own is not None:
             self._count("remembered")
             return PromptIds(own, True)
-        self._learn(route, model, messages, prompt, keys[-1])
+        local = self._tokenizer(route)
+        if local is not None and _chars(messages, prompt) <= INLINE_CHARS:
+            pool, tokenizer = local
+            ids = tokenizer.ids(view)
+            if ids is not None:
+                self.memo.put(keys[-1], ids)
+                self._count("local")
+                self._check(route, pool, model, messages, prompt, ids)
+                return PromptIds(ids, True)
+        elif local is not None:
+            self._learn_locally(route, model, view, messages, prompt, keys[-1], local)
+        if local is None or keys[-1] not in self._asking:
+            self._learn(route, model, messages, prompt, keys[-1])
         if messages is not None:
             system = _system_run(messages)
             if 0 < system < len(keys) and self.memo.get(keys[system - 1]) is None:
@@ -98,9 +135,102 @@ class PromptTokens:
         if len(self._background) >= BACKGROUND_CALLS or key in self._asking:
             return
         self._asking.add(key)  # now, not when the task starts: the next request may come first
-        task = asyncio.create_task(self._ask(route, model, messages, prompt, key))
+        self._start(self._ask(route, model, messages, prompt, key))
+
+    def _learn_locally(
+        self,
+        route: RouteConfig,
+        model: str,
+        view: Mapping[str, Any],
+        messages: list[Any] | None,
+        prompt: str | None,
+        key: bytes,
+        local: tuple[str, ChatTokenizer],
+    ) -> None:
+        """A long prompt's ids from the pool's tokenizer, in a worker thread, for the requests after it."""
+        if len(self._background) >= BACKGROUND_CALLS or key in self._asking:
+            return
+        self._asking.add(key)
+        self._start(self._encode(route, model, view, messages, prompt, key, local))
+
+    def _start(self, work: Any) -> None:
+        task = asyncio.create_task(work)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    def _tokenizer(self, route: RouteConfig) -> tuple[str, ChatTokenizer] | None:
+        for pool in route.pools:
+            tokenizer = self._local.get(pool)
+            if tokenizer is not None:
+                return pool, tokenizer
+        return None
+
+    async def _encode(
+        self,
+        route: RouteConfig,
+        model: str,
+        view: Mapping[str, Any],
+        messages: list[Any] | None,
+        prompt: str | None,
+        key: bytes,
+        local: tuple[str, ChatTokenizer],
+    ) -> None:
+        pool, tokenizer = local
+        encode: Callable[[], list[int] | None] = lambda: tokenizer.ids(view)  # noqa: E731
+        try:
+            ids = await asyncio.get_running_loop().run_in_executor(None, encode)
+            if ids is None:  # a shape the tokenizer leaves to the engine
+                ids = await self._call(route, model, messages, prompt)
+            else:
+                self._check(route, pool, model, messages, prompt, ids)
+            if ids is not None:
+                self.memo.put(key, ids)
+        finally:
+            self._asking.discard(key)
+
+    def _check(
+        self,
+        route: RouteConfig,
+        pool: str,
+        model: str,
+        messages: list[Any] | None,
+        prompt: str | None,
+        ids: list[int],
+    ) -> None:
+        n = self._encoded[pool]
+        self._encoded[pool] = n + 1
+        if n < CHECK_FIRST or n % CHECK_EVERY == 0:
+            self._start(self._compare(route, pool, model, messages, prompt, ids))
+
+    async def _compare(
+        self,
+        route: RouteConfig,
+        pool: str,
+        model: str,
+        messages: list[Any] | None,
+        prompt: str | None,
+        ids: list[int],
+    ) -> None:
+        engine = await self._call(route, model, messages, prompt)
+        if engine is None or engine == ids:
+            return
+        tokenizer = self._local.pop(pool, None)
+        if tokenizer is None:
+            return
+        self._count("mismatch")
+        self.memo.clear()  # some of what it holds is that tokenizer's
+        first = next(
+            (i for i, (a, b) in enumerate(zip(ids, engine, strict=False)) if a != b), min(len(ids), len(engine))
+        )
+        log.warning(
+            "pool %s: the tokenizer in %s gave %d token ids where the engine gave %d (first difference at %d); "
+            "its prompts are asked of the engine from now on",
+            pool,
+            tokenizer.path,
+            len(ids),
+            len(engine),
+            first,
+        )
 
     def _count(self, source: str) -> None:
         self._metrics.child(self._metrics.kv_prompt_ids, source).inc()
@@ -160,6 +290,16 @@ class PromptTokens:
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
+
+
+def _chars(messages: list[Any] | None, prompt: str | None) -> int:
+    """The characters of a prompt's text, to choose between encoding it now and in a thread."""
+    if messages is None:
+        return len(prompt or "")
+    return sum(
+        len(m.get("content") or "") if isinstance(m, dict) and isinstance(m.get("content"), str) else 0
+        for m in messages
+    )
 
 
 def _system_run(messages: list[Any]) -> int:

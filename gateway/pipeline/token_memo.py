@@ -84,3 +84,7 @@ class TokenMemo:
         while self._held > self.max_ids:
             _, dropped = self._entries.popitem(last=False)
             self._held -= len(dropped)
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self._held = 0

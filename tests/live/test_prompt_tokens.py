@@ -8,7 +8,10 @@ engines in turn."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,10 +20,12 @@ import pytest
 from engines.sim.server import SimServer
 from gateway.app.build import Gateway
 from gateway.config_loader import parse_config
+from gateway.pipeline.prompt_tokens import INLINE_CHARS
 from gateway.pipeline.token_memo import message_keys
 from gateway.serving.server import start
 from tests.engines.servers import free_port
 from tests.live.conftest import sim_params
+from tests.unit.model_files import write_model
 
 pytestmark = pytest.mark.live
 
@@ -33,6 +38,19 @@ TURN2 = [*TURN1, {"role": "assistant", "content": "The leaf rake."}, {"role": "u
 
 @pytest.fixture
 async def stack() -> AsyncIterator[tuple[str, Gateway, list[SimServer]]]:
+    async with serve() as running:
+        yield running
+
+
+@pytest.fixture
+async def tokenized(tmp_path: Path) -> AsyncIterator[tuple[str, Gateway, list[SimServer]]]:
+    """The pool names a tokenizer, whose ids are not the simulator's (those are hashes of the text)."""
+    async with serve(str(write_model(tmp_path))) as running:
+        yield running
+
+
+@contextlib.asynccontextmanager
+async def serve(tokenizer: str | None = None) -> AsyncIterator[tuple[str, Gateway, list[SimServer]]]:
     sims = [SimServer(sim_params()) for _ in range(2)]
     for sim in sims:
         await sim.start()
@@ -45,8 +63,11 @@ async def stack() -> AsyncIterator[tuple[str, Gateway, list[SimServer]]]:
         }
         for i, s in enumerate(sims)
     ]
+    pool: dict[str, Any] = {"engine": "sim", "flavour": "vllm", "balancer": "kv_events", "backends": backends}
+    if tokenizer is not None:
+        pool["tokenizer"] = tokenizer
     data: dict[str, Any] = {
-        "pools": {"vllm": {"engine": "sim", "flavour": "vllm", "balancer": "kv_events", "backends": backends}},
+        "pools": {"vllm": pool},
         "routes": [{"model": "tiny", "pools": ["vllm"]}],
         "health": {"interval_s": 60, "scrape_interval_s": 60},
     }
@@ -70,11 +91,9 @@ async def wait_for_calls(sims: list[SimServer], total: int) -> None:
             await asyncio.sleep(0.01)
 
 
-def sources(gw: Gateway) -> dict[str, float]:
+def sources(gw: Gateway, names: tuple[str, ...] = ("none", "prefix", "remembered")) -> dict[str, float]:
     get = gw.metrics.registry.get_sample_value
-    return {
-        s: get("gateway_kv_events_prompt_ids_total", {"source": s}) or 0.0 for s in ("none", "prefix", "remembered")
-    }
+    return {s: get("gateway_kv_events_prompt_ids_total", {"source": s}) or 0.0 for s in names}
 
 
 async def test_a_next_turn_is_matched_from_the_remembered_first_turn(
@@ -120,3 +139,56 @@ async def test_concurrent_first_turns_share_one_call(stack: tuple[str, Gateway, 
     await asyncio.sleep(0.05)
     assert sum(tokenize_calls(sims)) == 2  # the prompt and its system prompt, once each
     assert sources(gw)["none"] + sources(gw)["remembered"] == 8
+
+
+async def test_the_pools_tokenizer_matches_before_routing_and_is_dropped_when_the_engine_disagrees(
+    tokenized: tuple[str, Gateway, list[SimServer]], caplog: pytest.LogCaptureFixture
+) -> None:
+    url, gw, sims = tokenized
+    assert gw.tokens is not None
+    names = ("none", "prefix", "remembered", "local", "mismatch")
+    async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+
+        async def chat(messages: list[dict[str, str]]) -> None:
+            r = await client.post("/v1/chat/completions", json={"model": "tiny", "messages": messages, "max_tokens": 2})
+            assert r.status_code == 200, r.text
+
+        with caplog.at_level(logging.WARNING, logger="gateway.pipeline.prompt_tokens"):
+            await chat(TURN1)  # encoded here, whole: no earlier turn, no hash guess
+            seen = sources(gw, names)
+            assert (seen["local"], seen["none"], seen["prefix"], seen["remembered"]) == (1, 0, 0, 0)
+            # The first prompts are also asked of the engine (in the background, so that may have
+            # come back already): the simulator's ids differ, so the tokenizer is turned off and
+            # what the memo held from it is dropped.
+            await wait_for_calls(sims, 1)
+            async with asyncio.timeout(5):
+                while sources(gw, names)["mismatch"] < 1:
+                    await asyncio.sleep(0.01)
+        assert len(gw.tokens.memo) == 0
+        assert any("gave" in r.getMessage() and "asked of the engine" in r.getMessage() for r in caplog.records)
+        assert "be brief" not in caplog.text and "garden" not in caplog.text  # no prompt text in the log
+        await chat(TURN2)  # from the engine now, as with no tokenizer
+        assert sources(gw, names)["local"] == 1 and sources(gw, names)["none"] == 1
+
+
+async def test_a_long_prompt_is_encoded_in_a_thread_for_the_next_request(
+    tokenized: tuple[str, Gateway, list[SimServer]],
+) -> None:
+    url, gw, sims = tokenized
+    assert gw.tokens is not None
+    long = [{"role": "system", "content": "garden " * (INLINE_CHARS // 7 + 1)}, {"role": "user", "content": "Which?"}]
+    body = {"model": "tiny", "messages": long, "max_tokens": 2}
+    async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+        r = await client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    names = ("none", "local")
+    assert sources(gw, names) == {"none": 1, "local": 0}  # not encoded before routing
+    # Encoded off the loop by the tokenizer: only its ids are checked against the engine's (which
+    # differ here), and the prompt itself is not asked of the engine: the two /tokenize calls are
+    # that check and the system prompt's own ids.
+    async with asyncio.timeout(5):
+        while not sources(gw, ("mismatch",))["mismatch"]:
+            await asyncio.sleep(0.005)
+    await wait_for_calls(sims, 2)
+    await asyncio.sleep(0.05)
+    assert sum(tokenize_calls(sims)) == 2

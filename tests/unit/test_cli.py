@@ -12,6 +12,7 @@ import pytest
 
 from gateway.cli import main
 from gateway.config_loader import load_config
+from tests.unit.model_files import write_model
 
 pytestmark = pytest.mark.unit
 
@@ -26,6 +27,23 @@ def test_check_ok_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert main(["check", str(bad)]) == 1
     err = capsys.readouterr().err
     assert "pools.p.engine" in err and "pools.p.backends" in err
+
+
+def test_check_reads_a_pools_tokenizer_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pool = (
+        "pools:\n  p:\n    engine: vllm\n    balancer: kv_events\n    tokenizer: {dir}\n"
+        "    backends: [{{url: 'http://127.0.0.1:9', kv_events: {{endpoint: 'tcp://127.0.0.1:9'}}}}]\n"
+        "routes: [{{model: m, pools: [p]}}]\n"
+    )
+    cfg = tmp_path / "g.yaml"
+    cfg.write_text(pool.format(dir=tmp_path / "missing"))
+    assert main(["check", str(cfg)]) == 1
+    assert "invalid config" in (err := capsys.readouterr().err) and "tokenizer.json" in err, err
+    cfg.write_text(pool.format(dir=write_model(tmp_path)))
+    assert main(["check", str(cfg)]) == 0, capsys.readouterr().err
+    cfg.write_text(pool.format(dir=tmp_path).replace("kv_events\n", "least_load\n", 1))
+    assert main(["check", str(cfg)]) == 1
+    assert "kv_events balancer only" in capsys.readouterr().err
 
 
 def test_sim_listens_where_the_shipped_config_looks_for_its_engine(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,172 @@
+"""A model's tokenizer and chat template, loaded from its files (a pool's `tokenizer`), to give a
+prompt's token ids as the engine will see them without asking the engine: the kv_events match's
+ids. Renders the template the way Hugging Face transformers does (a sandboxed Jinja environment
+with trim_blocks, lstrip_blocks, loop controls, `raise_exception`, `strftime_now` and its `tojson`;
+the special tokens as variables) and encodes the text with the `tokenizers` library, without adding
+special tokens for a chat (the template writes them, and vLLM and SGLang add none) and with them for
+a plain prompt. Only the shapes whose rendering has no engine-side step are taken: text messages
+(role, string content, optional name) and no request option that changes the template; anything
+else returns None and is asked of the engine (pipeline/prompt_tokens.py, which also checks these
+ids against the engine's from time to time).
+
+Needs the `kv-events` extra (tokenizers, jinja2), imported when a pool names a tokenizer."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Final
+
+TEXT_KEYS: Final = frozenset({"role", "content", "name"})
+"""A message's keys that the local rendering takes; another key (tool_calls, a list content...)
+is rendered by the engine after its own parsing, so such a prompt is asked of the engine."""
+TEMPLATE_OPTIONS: Final = frozenset(
+    {
+        "tools",
+        "functions",
+        "documents",
+        "chat_template",
+        "chat_template_kwargs",
+        "add_generation_prompt",
+        "continue_final_message",
+        "add_special_tokens",
+        "mm_processor_kwargs",
+        "reasoning_effort",
+    }
+)
+"""Request fields that change what the engine renders or encodes: a request with one is asked of
+the engine."""
+SPECIAL_TOKENS: Final = (
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+)
+
+
+class TokenizerError(ValueError):
+    """A pool's tokenizer files cannot be used (or the extra is missing): the gateway does not start."""
+
+
+class ChatTokenizer:
+    """One model's files: its `tokenizers.Tokenizer` and its compiled chat template."""
+
+    def __init__(self, path: str, encoder: Any, template: Any, variables: Mapping[str, Any]) -> None:
+        self.path = path
+        self._encoder = encoder
+        self._template = template
+        self._variables = dict(variables)
+
+    @classmethod
+    def load(cls, path: str) -> ChatTokenizer:
+        """From a model directory: tokenizer.json, and the chat template in chat_template.jinja or
+        tokenizer_config.json's `chat_template` (its `default` when it names several).
+        TokenizerError when a file is missing or unreadable, or the extra is not installed."""
+        try:
+            import jinja2.ext
+            import jinja2.sandbox
+            from tokenizers import Tokenizer
+        except ModuleNotFoundError as exc:
+            raise ImportError(f"a pool's `tokenizer` needs {exc.name}: pip install 'llm-gateway[kv-events]'") from exc
+        root = Path(path)
+        config = _read_json(root / "tokenizer_config.json") if (root / "tokenizer_config.json").is_file() else {}
+        try:
+            encoder = Tokenizer.from_file(str(root / "tokenizer.json"))
+        except Exception as exc:  # tokenizers raises its own Exception subclass
+            raise TokenizerError(f"tokenizer {path}: cannot read tokenizer.json ({exc})") from exc
+        source = _template_source(root, config)
+        if source is None:
+            raise TokenizerError(f"tokenizer {path}: no chat template (chat_template.jinja or tokenizer_config.json)")
+        env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+        )
+        env.filters["tojson"] = _tojson
+        env.globals["raise_exception"] = _raise
+        env.globals["strftime_now"] = _strftime_now
+        try:
+            template = env.from_string(source)
+        except jinja2.TemplateError as exc:
+            raise TokenizerError(f"tokenizer {path}: the chat template does not compile ({exc})") from exc
+        variables: dict[str, Any] = {name: _token_text(config.get(name)) for name in SPECIAL_TOKENS}
+        variables["additional_special_tokens"] = [
+            _token_text(t) for t in config.get("additional_special_tokens") or () if _token_text(t) is not None
+        ]
+        return cls(path, encoder, template, variables)
+
+    def chat_text(self, body: Mapping[str, Any]) -> str | None:
+        """The chat body's prompt as the engine renders it; None when the body is not of the shapes
+        taken (module docstring) or the template fails on it."""
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages or any(k in body for k in TEMPLATE_OPTIONS):
+            return None
+        for message in messages:
+            if not isinstance(message, dict) or not TEXT_KEYS.issuperset(message):
+                return None
+            if not isinstance(message.get("role"), str) or not isinstance(message.get("content"), str):
+                return None
+        try:
+            text = self._template.render(messages=messages, add_generation_prompt=True, **self._variables)
+        except Exception:  # a template's raise_exception, or any error of its own: the engine decides
+            return None
+        return text if isinstance(text, str) else None
+
+    def ids(self, body: Mapping[str, Any]) -> list[int] | None:
+        """The body's prompt ids (its `messages`, else its `prompt` string); None: asked of the engine."""
+        if "messages" in body:
+            text = self.chat_text(body)
+            return self.encode(text, False) if text is not None else None
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str) or any(k in body for k in TEMPLATE_OPTIONS):
+            return None
+        return self.encode(prompt, True)
+
+    def encode(self, text: str, special: bool) -> list[int]:
+        """`text`'s token ids; `special`: with the tokenizer's own special tokens (a plain prompt)."""
+        ids: list[int] = self._encoder.encode(text, add_special_tokens=special).ids
+        return ids
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise TokenizerError(f"cannot read {path} ({exc})") from exc
+    return data if isinstance(data, dict) else {}
+
+
+def _template_source(root: Path, config: Mapping[str, Any]) -> str | None:
+    jinja = root / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    template = config.get("chat_template")
+    if isinstance(template, list):  # named templates: the default one
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default")
+    return template if isinstance(template, str) else None
+
+
+def _token_text(token: Any) -> str | None:
+    """A special token as tokenizer_config.json writes it: a string, or an AddedToken's mapping."""
+    if isinstance(token, dict):
+        token = token.get("content")
+    return token if isinstance(token, str) else None
+
+
+def _tojson(
+    value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None, sort_keys: bool = False
+) -> str:
+    # transformers' own: no HTML escaping, unlike Jinja's built-in tojson.
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _raise(message: str) -> None:
+    raise ValueError(message)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
