@@ -207,12 +207,14 @@ class RunResult:
     (x-gateway-balancer's `blocks`): the hits a spill gave up at decision time."""
     predicted_cached: float | None = None
     served_cached: float | None = None
-    tokenize_p50_s: float | None = None
-    tokenize_p90_s: float | None = None
-    """A /tokenize round trip to the replicas (what the kv_events match makes before routing),
-    sampled every 0.1 s during the run, whatever the policy."""
     """kv_events: the prompt tokens the gateways' indexes predicted cached on the backend they chose,
     and what the engines reported serving from cache for the same requests (gateway metrics)."""
+    tokenize_p50_s: float | None = None
+    tokenize_p90_s: float | None = None
+    """A /tokenize round trip to the replicas (what the kv_events match asks of an engine), sampled
+    every 0.1 s during the run, whatever the policy."""
+    prompt_ids: dict[str, float] = field(default_factory=dict)
+    """kv_events: where the requests' ids for the match came from (gateway_kv_events_prompt_ids_total)."""
 
     def ttft(self, q: float) -> float | None:
         if not self.ttft_s:
@@ -458,9 +460,11 @@ def gateway_config(
     epsilon: float | None = None,
     events: Sequence[tuple[int, int]] = (),
     slack: int | None = None,
+    tokenizer: str | None = None,
 ) -> dict[str, Any]:
     """One pool of the given (name, base_url) vLLM backends behind the route `tiny`; `events` the
-    backends' (PUB, replay) ports, which a kv_events pool subscribes to."""
+    backends' (PUB, replay) ports, which a kv_events pool subscribes to; `tokenizer` the model's
+    files, with which a kv_events pool encodes prompts itself."""
     entries: list[dict[str, Any]] = [{"name": n, "url": u, "model": MODEL} for n, u in backends]
     if balancer == "kv_events":
         for entry, (pub, replay) in zip(entries, events, strict=True):
@@ -474,6 +478,8 @@ def gateway_config(
         pool["kv_epsilon" if balancer == "kv_events" else "affinity_epsilon"] = epsilon
     if slack is not None:
         pool["kv_slack" if balancer == "kv_events" else "affinity_slack"] = slack
+    if tokenizer is not None and balancer == "kv_events":
+        pool["tokenizer"] = tokenizer
     return {
         "health": {"interval_s": 2, "scrape_interval_s": 1},
         "pools": {"vllm": pool},
@@ -506,6 +512,7 @@ def run_gateway_policy(
     gateways: int = 1,
     events: Sequence[tuple[int, int]] = (),
     slack: int | None = None,
+    tokenizer: str | None = None,
 ) -> RunResult:
     """`gateways` gateway replicas with the same config over the same engines, the client alternating
     between them; each learns (prefix_affinity) or subscribes (kv_events) on its own.
@@ -517,7 +524,7 @@ def run_gateway_policy(
     triggers one) happens before the run, as for a gateway that has been running, not during it."""
     names = [f"r{i}" for i in range(len(pair))]
     backends = list(zip(names, [s.base_url for s in pair], strict=True))
-    data = gateway_config(balancer, backends, epsilon, events, slack)
+    data = gateway_config(balancer, backends, epsilon, events, slack, tokenizer)
     started: list[GatewayThread] = []
     try:
         for _ in range(gateways):
@@ -545,6 +552,10 @@ def run_gateway_policy(
         r.tokenize_p50_s, r.tokenize_p90_s = tokenize.quantile(0.5), tokenize.quantile(0.9)
         r.gateway_cpu_ms = (sum(cpu_seconds(t) for t in threads) - cpu0) * 1000 / max(r.requests, 1)
         if balancer == "kv_events":
+            r.prompt_ids = {
+                source: sum(gw.metric("gateway_kv_events_prompt_ids_total", source=source) for gw in started)
+                for source in ("local", "remembered", "prefix", "none", "mismatch")
+            }
             r.predicted_cached = sum(gw.metric("gateway_kv_events_predicted_cached_tokens_total") for gw in started)
             r.served_cached = sum(gw.metric("gateway_kv_events_served_cached_tokens_total") for gw in started)
         r.per_backend = {n: r.per_backend.get(n, 0) for n in names}  # a replica that got nothing shows 0
@@ -774,7 +785,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="prefix_affinity,round_robin,oracle",
         help="comma-separated (round_robin, prefix_affinity, kv_events, oracle, any balancer); "
         "`prefix_affinity@1.0` runs it with affinity_epsilon 1.0, `kv_events@1.0` with kv_epsilon 1.0, "
-        "`kv_events@0.2+0` with kv_epsilon 0.2 and kv_slack 0 (`@+0`: the slack alone)",
+        "`kv_events@0.2+0` with kv_epsilon 0.2 and kv_slack 0 (`@+0`: the slack alone); kv_events encodes the "
+        "prompts with the model's tokenizer (the pool's `tokenizer`), `kv_events:engine` asks the engines instead",
     )
     p.add_argument(
         "--epsilon", type=float, help="the pool's affinity_epsilon or kv_epsilon (default: the config default)"
@@ -873,12 +885,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         for conc in levels:
             for policy in gateway_policies:
-                # prefix_affinity@1.0: with affinity_epsilon 1.0; kv_events@0.2+0: kv_epsilon 0.2, kv_slack 0
-                balancer, _, tuning = policy.partition("@")
+                # prefix_affinity@1.0: with affinity_epsilon 1.0; kv_events@0.2+0: kv_epsilon 0.2, kv_slack 0;
+                # kv_events:engine: the prompts' ids asked of the engines, not encoded by the gateway
+                named, _, variant = policy.partition(":")
+                balancer, _, tuning = named.partition("@")
                 eps, _, slack = tuning.partition("+")
                 epsilon = float(eps) if eps else args.epsilon
+                tokenizer = None if variant == "engine" else servers.engine_env()["TINY_HF_DIR"]
                 r = results[(policy, conc)] = run_gateway_policy(
-                    balancer, pair, w, conc, epsilon, args.gateways, events, int(slack) if slack else None
+                    balancer, pair, w, conc, epsilon, args.gateways, events, int(slack) if slack else None, tokenizer
                 )
                 print(
                     f"c={conc} {policy}: hit rate {r.hit_rate:.3f}, TTFT p90 {_fmt(r.ttft(0.9), '.3f')} s "
