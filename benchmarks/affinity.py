@@ -517,11 +517,11 @@ def run_gateway_policy(
     """`gateways` gateway replicas with the same config over the same engines, the client alternating
     between them; each learns (prefix_affinity) or subscribes (kv_events) on its own.
 
-    The gateways start before the caches are reset, and each engine is then sent one request of
-    its own (a few tokens, less than a block: nothing the workload can hit), whatever the policy:
-    the engine publishes its events at its next step, so a kv_events gateway hears the reset then,
-    and the catch-up replay of everything the engine buffered since it started (its first message
-    triggers one) happens before the run, as for a gateway that has been running, not during it."""
+    The gateways start before the caches are reset (a kv_events gateway replays what each engine
+    buffered when it connects), and each engine is then sent one request of its own (a few tokens,
+    less than a block: nothing the workload can hit), whatever the policy: the engine publishes its
+    events at its next step, so a kv_events gateway hears the reset then, before the run, as a
+    gateway that has been running would."""
     names = [f"r{i}" for i in range(len(pair))]
     backends = list(zip(names, [s.base_url for s in pair], strict=True))
     data = gateway_config(balancer, backends, epsilon, events, slack, tokenizer)

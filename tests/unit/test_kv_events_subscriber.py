@@ -156,7 +156,9 @@ async def test_batches_in_order_build_the_index(ctx: zmq.asyncio.Context, pub: P
     await until(lambda: sub.last_seq == 3)
     await stop(task)
     assert same(sub.index, expected_index(4)) and len(sub.index) > 0
-    assert (sub.stats.batches, sub.stats.gaps, sub.stats.replays, pub.replay_requests) == (4, 0, 0, 0)
+    # One replay request: the catch-up at connect, which found nothing buffered.
+    assert (sub.stats.batches, sub.stats.gaps, sub.stats.replays, pub.replay_requests) == (4, 0, 1, 1)
+    assert sub.stats.replayed == 0
 
 
 async def test_a_lost_batch_is_replayed(ctx: zmq.asyncio.Context, pub: PublisherEmulator) -> None:
@@ -169,7 +171,7 @@ async def test_a_lost_batch_is_replayed(ctx: zmq.asyncio.Context, pub: Publisher
     await until(lambda: sub.last_seq == 3)
     await stop(task)
     assert same(sub.index, expected_index(4))
-    assert (sub.stats.gaps, sub.stats.replays, sub.stats.replayed, sub.stats.lost) == (1, 1, 2, 0)
+    assert (sub.stats.gaps, sub.stats.replays, sub.stats.replayed, sub.stats.lost) == (1, 2, 2, 0)  # catch-up + gap
 
 
 async def test_a_late_subscriber_learns_what_was_stored_before_it(
@@ -184,6 +186,40 @@ async def test_a_late_subscriber_learns_what_was_stored_before_it(
     await stop(task)
     assert same(sub.index, expected_index(4))
     assert (sub.stats.gaps, sub.stats.replays, sub.stats.replayed) == (0, 1, 3)
+
+
+async def test_a_subscriber_learns_an_idle_engines_cache_when_it_connects(
+    ctx: zmq.asyncio.Context, pub: PublisherEmulator
+) -> None:
+    for p in PAYLOADS[:3]:
+        await pub.publish(p)
+    sub, task = start(ctx, pub)
+    try:
+        await until(lambda: sub.last_seq == 2)  # nothing more is published: the engine is idle
+    finally:
+        await stop(task)
+    assert same(sub.index, expected_index(3)) and len(sub.index) > 0
+    assert (sub.stats.replays, sub.stats.replayed, sub.stats.gaps, sub.stats.restarts) == (1, 3, 0, 0)
+
+
+async def test_the_live_copies_of_batches_the_catch_up_replayed_are_skipped(
+    ctx: zmq.asyncio.Context, pub: PublisherEmulator
+) -> None:
+    for p in PAYLOADS[:3]:
+        await pub.publish(p)
+    sub, task = start(ctx, pub)
+    try:
+        await until(lambda: sub.last_seq == 2)
+    finally:
+        await stop(task)
+    # What the SUB socket queued while the catch-up ran: batches 1 and 2 again, then a new one.
+    for seq in (1, 2, 3):
+        await sub.on_frames([TOPIC, seq.to_bytes(8, "big"), PAYLOADS[seq]])
+    assert (sub.stats.restarts, sub.stats.batches, sub.last_seq) == (0, 4, 3)
+    assert same(sub.index, expected_index(4))
+    # Past the replayed batches, a sequence that goes back is an engine restart again.
+    await sub.on_frames([TOPIC, (0).to_bytes(8, "big"), PAYLOADS[0]])
+    assert sub.stats.restarts == 1 and same(sub.index, expected_index(1))
 
 
 async def test_an_engine_restart_resets_its_view(ctx: zmq.asyncio.Context, pub: PublisherEmulator) -> None:

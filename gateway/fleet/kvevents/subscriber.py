@@ -2,8 +2,11 @@
 endpoint, each batch applied in sequence order. A gap in the sequence is filled from the engine's
 replay socket (a ROUTER: send `(empty, start seq)`, get `(empty, topic, seq, payload)` per buffered
 batch, then a seq of -1); a sequence that goes back means the engine restarted, so its view is
-dropped and rebuilt from its replay buffer. The first batch heard triggers a replay from 0 too: it
-is how a gateway that starts after the engine learns what is already cached."""
+dropped and rebuilt from its replay buffer. On connecting, the subscriber asks the replay socket
+for everything the engine buffered: that is how a gateway that starts after the engine learns what
+is already cached, before its first request rather than when the engine next publishes (the live
+stream's copies of the batches replayed then are skipped). Without a replay socket, or when the
+engine was not up yet, the first batch heard triggers that replay instead."""
 
 from __future__ import annotations
 
@@ -66,6 +69,9 @@ class EventSubscriber:
         self.last_seq: int | None = None
         self.connected = asyncio.Event()
         """Set once the SUB socket is connected (a test's publisher may start sending then)."""
+        self._replayed_to: int | None = None
+        """The last batch the catch-up at connect replayed, while the live stream may still deliver
+        copies of it and of those before it; None once a later batch is heard."""
 
     async def run(self) -> None:
         sub = self._ctx.socket(zmq.SUB)
@@ -74,6 +80,8 @@ class EventSubscriber:
         sub.connect(self.endpoint)
         self.connected.set()
         try:
+            if self._replay_endpoint is not None:
+                await self._catch_up()
             while True:
                 frames = await sub.recv_multipart()
                 await self.on_frames(frames)
@@ -86,6 +94,10 @@ class EventSubscriber:
             self.stats.undecodable += 1
             return
         seq = int.from_bytes(frames[1], "big", signed=True)
+        if self._replayed_to is not None:
+            if seq <= self._replayed_to:
+                return  # queued on the SUB socket while the catch-up replayed it
+            self._replayed_to = None
         last = self.last_seq
         if last is None:
             if seq > 0:
@@ -114,6 +126,14 @@ class EventSubscriber:
             self.stats.events += len(batch.events)
         self.last_seq = seq
 
+    async def _catch_up(self) -> None:
+        """Everything the engine buffered, asked once at connect. An engine that does not answer
+        (not started yet) is not a warning: its first batch heard triggers the replay then."""
+        self.stats.replays += 1
+        got = await self._fetch(0, None, quiet=True)
+        self.stats.replayed += got
+        self._replayed_to = self.last_seq
+
     async def _replay(self, start: int, upto: int) -> None:
         """Apply the buffered batches start..upto-1; count those the engine no longer has."""
         want = upto - start
@@ -126,7 +146,8 @@ class EventSubscriber:
             log.warning("KV events of %s: %d of batches %d..%d lost", self.name, want - got, start, upto - 1)
             self.stats.lost += want - got
 
-    async def _fetch(self, start: int, upto: int) -> int:
+    async def _fetch(self, start: int, upto: int | None, quiet: bool = False) -> int:
+        """Apply the replayed batches from `start` (to `upto`, excluded; None: all the engine has)."""
         assert self._replay_endpoint is not None
         dealer = self._ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
@@ -138,7 +159,9 @@ class EventSubscriber:
                 try:
                     reply = await asyncio.wait_for(dealer.recv_multipart(), REPLAY_IDLE_S)
                 except TimeoutError:
-                    log.warning("KV events of %s: replay from %d stopped answering", self.name, start)
+                    (log.debug if quiet else log.warning)(
+                        "KV events of %s: replay from %d stopped answering", self.name, start
+                    )
                     return got
                 if len(reply) != 4 or len(reply[2]) != 8:
                     self.stats.undecodable += 1
@@ -146,7 +169,7 @@ class EventSubscriber:
                 seq = int.from_bytes(reply[2], "big", signed=True)
                 if seq == END_SEQ:
                     return got
-                if start <= seq < upto and (self.last_seq is None or seq > self.last_seq):
+                if start <= seq and (upto is None or seq < upto) and (self.last_seq is None or seq > self.last_seq):
                     self._apply(seq, reply[3])
                     got += 1
         finally:
