@@ -222,6 +222,24 @@ async def test_the_live_copies_of_batches_the_catch_up_replayed_are_skipped(
     assert sub.stats.restarts == 1 and same(sub.index, expected_index(1))
 
 
+async def test_an_engine_that_restarts_after_an_idle_catch_up_is_not_taken_for_copies(
+    ctx: zmq.asyncio.Context, pub: PublisherEmulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(subscriber_module, "COPIES_S", 0.05)
+    for p in PAYLOADS[:3]:
+        await pub.publish(p)
+    sub, task = start(ctx, pub)
+    try:
+        await until(lambda: sub.last_seq == 2)
+    finally:
+        await stop(task)
+    await asyncio.sleep(0.1)
+    # Nothing published since the catch-up; now a restarted engine's first batch, seq 0 again.
+    await sub.on_frames([TOPIC, (0).to_bytes(8, "big"), PAYLOADS[4]])
+    assert sub.stats.restarts == 1 and sub.last_seq == 0
+    assert same(sub.index, expected_index(5, first=4))
+
+
 async def test_an_engine_restart_resets_its_view(ctx: zmq.asyncio.Context, pub: PublisherEmulator) -> None:
     sub, task = start(ctx, pub)
     await joined(sub, pub)

@@ -25,6 +25,11 @@ log = logging.getLogger(__name__)
 END_SEQ = -1
 REPLAY_IDLE_S = 2.0
 """A replay answer that pauses this long has ended (the engine died, or speaks no replay)."""
+COPIES_S = 1.0
+"""After the catch-up at connect, how long a batch it already replayed may still come on the live
+stream (queued on the SUB socket meanwhile) and be skipped as a copy. Past it, a sequence that goes
+back is an engine restart, as always: an engine that restarts soon after an idle spell must not
+have its first batches taken for copies."""
 
 
 @dataclass
@@ -72,6 +77,7 @@ class EventSubscriber:
         self._replayed_to: int | None = None
         """The last batch the catch-up at connect replayed, while the live stream may still deliver
         copies of it and of those before it; None once a later batch is heard."""
+        self._copies_until = 0.0
 
     async def run(self) -> None:
         sub = self._ctx.socket(zmq.SUB)
@@ -95,7 +101,7 @@ class EventSubscriber:
             return
         seq = int.from_bytes(frames[1], "big", signed=True)
         if self._replayed_to is not None:
-            if seq <= self._replayed_to:
+            if seq <= self._replayed_to and asyncio.get_running_loop().time() < self._copies_until:
                 return  # queued on the SUB socket while the catch-up replayed it
             self._replayed_to = None
         last = self.last_seq
@@ -133,6 +139,7 @@ class EventSubscriber:
         got = await self._fetch(0, None, quiet=True)
         self.stats.replayed += got
         self._replayed_to = self.last_seq
+        self._copies_until = asyncio.get_running_loop().time() + COPIES_S
 
     async def _replay(self, start: int, upto: int) -> None:
         """Apply the buffered batches start..upto-1; count those the engine no longer has."""
