@@ -31,7 +31,7 @@ import asyncio
 import itertools
 import logging
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, Final
 
 from gateway.config import GatewayConfig, RouteConfig
@@ -42,6 +42,7 @@ from gateway.pipeline.chat_tokenizer import ChatTokenizer
 from gateway.pipeline.token_memo import TokenMemo, message_keys, prompt_key
 from gateway.policy.cached_prefix import PromptIds
 from gateway.upstream.client import UpstreamClient
+from gateway.value import value
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,19 @@ CHECK_FIRST: Final = 4
 CHECK_EVERY: Final = 256
 """The pool's tokenizer's first CHECK_FIRST prompts, and one in CHECK_EVERY after, are also asked
 of the engine (in the background) and compared."""
+
+
+@value
+class Asked:
+    """A prompt whose ids are wanted: the route and model it came for, and its text."""
+
+    route: RouteConfig
+    model: str
+    view: Mapping[str, Any]
+    messages: list[Any] | None
+    prompt: str | None
+    key: bytes
+    """Its memo key."""
 
 
 class PromptTokens:
@@ -108,52 +122,38 @@ class PromptTokens:
         if own is not None:
             self._count("remembered")
             return PromptIds(own, True)
+        asked = Asked(route, model, view, messages, prompt, keys[-1])
         local = self._tokenizer(route)
         if local is not None and _chars(messages, prompt) <= INLINE_CHARS:
-            pool, tokenizer = local
-            ids = tokenizer.ids(view)
+            ids = local[1].ids(view)
             if ids is not None:
-                self.memo.put(keys[-1], ids)
+                self.memo.put(asked.key, ids)
                 self._count("local")
-                self._check(route, pool, model, messages, prompt, ids)
+                self._check(asked, local[0], ids)
                 return PromptIds(ids, True)
         elif local is not None:
-            self._learn_locally(route, model, view, messages, prompt, keys[-1], local)
-        if local is None or keys[-1] not in self._asking:
-            self._learn(route, model, messages, prompt, keys[-1])
+            self._learn(asked, self._encode(asked, local))
+        self._learn(asked, None)  # no-op when the tokenizer's thread took it
         if messages is not None:
             system = _system_run(messages)
             if 0 < system < len(keys) and self.memo.get(keys[system - 1]) is None:
-                self._learn(route, model, messages[:system], None, keys[system - 1])
+                run = messages[:system]
+                self._learn(Asked(route, model, {"messages": run}, run, None, keys[system - 1]), None)
         earlier = self.memo.longest(keys[:-1])
         self._count("prefix" if earlier is not None else "none")
         return PromptIds(earlier, False) if earlier is not None else None
 
-    def _learn(
-        self, route: RouteConfig, model: str, messages: list[Any] | None, prompt: str | None, key: bytes
-    ) -> None:
-        if len(self._background) >= BACKGROUND_CALLS or key in self._asking:
+    def _learn(self, asked: Asked, work: Coroutine[Any, Any, None] | None) -> None:
+        """Learn `asked`'s ids in the background: by `work` (None: asking the engine), unless its
+        ids are being asked already or too many calls are in flight."""
+        if len(self._background) >= BACKGROUND_CALLS or asked.key in self._asking:
+            if work is not None:
+                work.close()  # never awaited
             return
-        self._asking.add(key)  # now, not when the task starts: the next request may come first
-        self._start(self._ask(route, model, messages, prompt, key))
+        self._asking.add(asked.key)  # now, not when the task starts: the next request may come first
+        self._start(work if work is not None else self._ask(asked))
 
-    def _learn_locally(
-        self,
-        route: RouteConfig,
-        model: str,
-        view: Mapping[str, Any],
-        messages: list[Any] | None,
-        prompt: str | None,
-        key: bytes,
-        local: tuple[str, ChatTokenizer],
-    ) -> None:
-        """A long prompt's ids from the pool's tokenizer, in a worker thread, for the requests after it."""
-        if len(self._background) >= BACKGROUND_CALLS or key in self._asking:
-            return
-        self._asking.add(key)
-        self._start(self._encode(route, model, view, messages, prompt, key, local))
-
-    def _start(self, work: Any) -> None:
+    def _start(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
@@ -165,53 +165,30 @@ class PromptTokens:
                 return pool, tokenizer
         return None
 
-    async def _encode(
-        self,
-        route: RouteConfig,
-        model: str,
-        view: Mapping[str, Any],
-        messages: list[Any] | None,
-        prompt: str | None,
-        key: bytes,
-        local: tuple[str, ChatTokenizer],
-    ) -> None:
+    async def _encode(self, asked: Asked, local: tuple[str, ChatTokenizer]) -> None:
+        """A long prompt's ids from the pool's tokenizer, in a worker thread (the encoder releases
+        the GIL), for the requests after it."""
         pool, tokenizer = local
-        encode: Callable[[], list[int] | None] = lambda: tokenizer.ids(view)  # noqa: E731
+        encode: Callable[[], list[int] | None] = lambda: tokenizer.ids(asked.view)  # noqa: E731
         try:
             ids = await asyncio.get_running_loop().run_in_executor(None, encode)
             if ids is None:  # a shape the tokenizer leaves to the engine
-                ids = await self._call(route, model, messages, prompt)
+                ids = await self._call(asked)
             else:
-                self._check(route, pool, model, messages, prompt, ids)
+                self._check(asked, pool, ids)
             if ids is not None:
-                self.memo.put(key, ids)
+                self.memo.put(asked.key, ids)
         finally:
-            self._asking.discard(key)
+            self._asking.discard(asked.key)
 
-    def _check(
-        self,
-        route: RouteConfig,
-        pool: str,
-        model: str,
-        messages: list[Any] | None,
-        prompt: str | None,
-        ids: list[int],
-    ) -> None:
+    def _check(self, asked: Asked, pool: str, ids: list[int]) -> None:
         n = self._encoded[pool]
         self._encoded[pool] = n + 1
         if n < CHECK_FIRST or n % CHECK_EVERY == 0:
-            self._start(self._compare(route, pool, model, messages, prompt, ids))
+            self._start(self._compare(asked, pool, ids))
 
-    async def _compare(
-        self,
-        route: RouteConfig,
-        pool: str,
-        model: str,
-        messages: list[Any] | None,
-        prompt: str | None,
-        ids: list[int],
-    ) -> None:
-        engine = await self._call(route, model, messages, prompt)
+    async def _compare(self, asked: Asked, pool: str, ids: list[int]) -> None:
+        engine = await self._call(asked)
         if engine is None or engine == ids:
             return
         tokenizer = self._local.pop(pool, None)
@@ -235,20 +212,13 @@ class PromptTokens:
     def _count(self, source: str) -> None:
         self._metrics.child(self._metrics.kv_prompt_ids, source).inc()
 
-    async def _ask(
-        self,
-        route: RouteConfig,
-        model: str,
-        messages: list[Any] | None,
-        prompt: str | None,
-        key: bytes,
-    ) -> None:
+    async def _ask(self, asked: Asked) -> None:
         try:
-            tokens = await self._call(route, model, messages, prompt)
+            tokens = await self._call(asked)
             if tokens is not None:
-                self.memo.put(key, tokens)
+                self.memo.put(asked.key, tokens)
         finally:
-            self._asking.discard(key)
+            self._asking.discard(asked.key)
 
     def _backend(self, route: RouteConfig) -> Backend | None:
         """The next of the route's event-streaming backends, in turn: no one engine answers every
@@ -262,14 +232,13 @@ class PromptTokens:
         ]
         return backends[next(self._turn) % len(backends)] if backends else None
 
-    async def _call(
-        self, route: RouteConfig, model: str, messages: list[Any] | None, prompt: str | None
-    ) -> list[int] | None:
-        backend = self._backend(route)
+    async def _call(self, asked: Asked) -> list[int] | None:
+        """The engine's ids for the prompt (one of the route's event-streaming backends, in turn)."""
+        backend = self._backend(asked.route)
         if backend is None:
             return None
-        name = backend.model or (backend.names[0] if backend.names else model)
-        calls = list(backend.adapter.tokenize_calls(name, messages, prompt))
+        name = backend.model or (backend.names[0] if backend.names else asked.model)
+        calls = list(backend.adapter.tokenize_calls(name, asked.messages, asked.prompt))
         if len(calls) != 1:  # an engine that tokenizes in two steps (llama.cpp) publishes no KV events
             return None
         call = calls[0]

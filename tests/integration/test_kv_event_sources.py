@@ -7,7 +7,6 @@ engine's cached_tokens. Each test starts its own engine (~40 s)."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +16,7 @@ import pytest
 from gateway.pipeline.chat_tokenizer import ChatTokenizer
 from tests.engines import servers
 from tests.integration.gateway_harness import GatewayThread
+from tests.integration.test_kv_events import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -56,13 +56,6 @@ def chat(url: str, messages: list[dict[str, str]]) -> httpx.Response:
     r = httpx.post(f"{url}/chat/completions", json=body, timeout=120)
     assert r.status_code == 200, r.text
     return r
-
-
-def wait_for(check: Callable[[], bool], timeout: float = 15.0, what: Callable[[], object] = str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out: {what()}"
-        time.sleep(0.05)
 
 
 def test_vllm_a_late_gateway_catches_up_and_a_restarted_engine_is_relearned(

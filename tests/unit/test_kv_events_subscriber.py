@@ -188,16 +188,23 @@ async def test_a_late_subscriber_learns_what_was_stored_before_it(
     assert (sub.stats.gaps, sub.stats.replays, sub.stats.replayed) == (0, 1, 3)
 
 
-async def test_a_subscriber_learns_an_idle_engines_cache_when_it_connects(
-    ctx: zmq.asyncio.Context, pub: PublisherEmulator
-) -> None:
+async def caught_up(ctx: zmq.asyncio.Context, pub: PublisherEmulator) -> EventSubscriber:
+    """A subscriber that connected after the engine published three batches and then went idle,
+    stopped once its catch-up replayed them."""
     for p in PAYLOADS[:3]:
         await pub.publish(p)
     sub, task = start(ctx, pub)
     try:
-        await until(lambda: sub.last_seq == 2)  # nothing more is published: the engine is idle
+        await until(lambda: sub.last_seq == 2)  # nothing more is published: only the catch-up
     finally:
         await stop(task)
+    return sub
+
+
+async def test_a_subscriber_learns_an_idle_engines_cache_when_it_connects(
+    ctx: zmq.asyncio.Context, pub: PublisherEmulator
+) -> None:
+    sub = await caught_up(ctx, pub)
     assert same(sub.index, expected_index(3)) and len(sub.index) > 0
     assert (sub.stats.replays, sub.stats.replayed, sub.stats.gaps, sub.stats.restarts) == (1, 3, 0, 0)
 
@@ -205,13 +212,7 @@ async def test_a_subscriber_learns_an_idle_engines_cache_when_it_connects(
 async def test_the_live_copies_of_batches_the_catch_up_replayed_are_skipped(
     ctx: zmq.asyncio.Context, pub: PublisherEmulator
 ) -> None:
-    for p in PAYLOADS[:3]:
-        await pub.publish(p)
-    sub, task = start(ctx, pub)
-    try:
-        await until(lambda: sub.last_seq == 2)
-    finally:
-        await stop(task)
+    sub = await caught_up(ctx, pub)
     # What the SUB socket queued while the catch-up ran: batches 1 and 2 again, then a new one.
     for seq in (1, 2, 3):
         await sub.on_frames([TOPIC, seq.to_bytes(8, "big"), PAYLOADS[seq]])
@@ -226,13 +227,7 @@ async def test_an_engine_that_restarts_after_an_idle_catch_up_is_not_taken_for_c
     ctx: zmq.asyncio.Context, pub: PublisherEmulator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(subscriber_module, "COPIES_S", 0.05)
-    for p in PAYLOADS[:3]:
-        await pub.publish(p)
-    sub, task = start(ctx, pub)
-    try:
-        await until(lambda: sub.last_seq == 2)
-    finally:
-        await stop(task)
+    sub = await caught_up(ctx, pub)
     await asyncio.sleep(0.1)
     # Nothing published since the catch-up; now a restarted engine's first batch, seq 0 again.
     await sub.on_frames([TOPIC, (0).to_bytes(8, "big"), PAYLOADS[4]])
