@@ -3,8 +3,17 @@ directly and the upstream client answers from memory (the run's static bodies). 
 to compare two commits in a few seconds, and to profile the gateway's code alone.
 
 PYTHONPATH=TREE python3 benchmarks/overhead/inprocess.py [--requests N] [--stream] [--profile FILE] [--trace R]
+PYTHONPATH=. python3 benchmarks/overhead/inprocess.py --balancer kv_events [--tokenizer DIR] [--distinct]
 
-It prints CPU µs per request (the best of --repeat runs). --trace R: tracing on, sampling a share R
+It prints CPU µs per request (the best of --repeat runs). --balancer kv_events: the pool routes by
+KV events (kvevents.py): the backend names an event endpoint that nothing publishes on, and each
+request's event batch (its prompt's blocks stored, the blocks of the request --requests/2 before it
+removed, as an engine that evicts at the rate it stores) is fed to the subscriber after the request,
+on the same thread, so that its decoding and indexing count. --tokenizer: the pool's tokenizer
+(default $TINY_HF_DIR; "" for none: the ids are then asked of the engine, which answers nothing
+here). --distinct: every request a conversation of its own, the size of the affinity benchmark's
+(~1,900 characters), so that every prompt is encoded; without it every request sends the same small
+body, as the overhead benchmark does, and its ids are remembered. --trace R: tracing on, sampling a share R
 of the requests, exporting to otlp_sink.py in a process of its own (the exporter's thread is this
 process's, and counted). Not a substitute for peers.py: uvicorn and
 the sockets are left out here on purpose."""
@@ -28,6 +37,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 import bodies
 import configs
+import kvevents
+
+FILLER_PROMPT = 7
+"""A prompt's ids when no tokenizer is named (the gateway then matches nothing)."""
 
 
 class _Connection:
@@ -110,8 +123,19 @@ async def _main(args: argparse.Namespace) -> None:
 
     _install(bodies.completion(), bodies.stream(200))
     routes = "".join(configs.ROUTE.format(model=m, pool=p) for m, p in (("json", "json"), ("sse", "sse")))
+    text = configs.GATEWAY_CONF.format(port=0, nginx=9, sse="http://127.0.0.1:9/sse", paced=9, routes=routes)
+    model = "sse" if args.stream else "json"
+    warmup, timed = 500, args.requests * args.repeat
+    requests, chats = _bodies(args, model, warmup + timed)
+    feed: list[list[bytes]] = []
+    if args.balancer != "least_load" or args.backends != 1:
+        ports = [_free_port() for _ in range(args.backends)]  # nothing listens: the subscribers wait
+        line = next(x for x in text.splitlines() if x.lstrip().startswith("json:"))
+        text = text.replace(line, "  " + kvevents.pool_yaml(args.balancer, 9, ports, args.tokenizer))
+    if args.balancer == "kv_events":
+        feed = _batches(args, chats)
     conf = Path(tempfile.mkdtemp()) / "gateway.yaml"
-    conf.write_text(configs.GATEWAY_CONF.format(port=0, nginx=9, sse="http://127.0.0.1:9/sse", paced=9, routes=routes))
+    conf.write_text(text)
     config = load_config(conf)
     app = create_app(config)
     startup = asyncio.Queue[dict[str, Any]]()
@@ -123,12 +147,25 @@ async def _main(args: argparse.Namespace) -> None:
 
     lifespan = asyncio.create_task(app({"type": "lifespan"}, startup.get, lsend))
     await done.wait()
+    subscribers = list(app.state.gateway.kv_events.subscribers.values()) if feed else []
     never = asyncio.Event()
-    model = "sse" if args.stream else "json"
-    body = configs.request_body(model, args.stream)
     path = "/v1/chat/completions"
-    for _ in range(500):
-        assert await _one(app, path, body, never) == 200
+    sent = 0
+
+    async def wave(n: int) -> None:
+        nonlocal sent
+        batch = requests[sent : sent + n]
+        statuses = await asyncio.gather(*(_one(app, path, body, never) for body in batch))
+        assert all(status == 200 for status in statuses), statuses
+        for i, frames in enumerate(feed[sent : sent + n], start=sent):
+            # Each engine numbers its own batches: request i's batch goes to engine i mod N as its
+            # (i // N)-th, whichever backend the request went to (the cost is the same).
+            seq = (i // len(subscribers)).to_bytes(8, "big", signed=True)
+            await subscribers[i % len(subscribers)].on_frames([frames[0], seq, frames[2]])
+        sent += n
+
+    for _ in range(warmup):
+        await wave(1)
     best = main = float("inf")
     profiler = None
     if args.profile:
@@ -141,18 +178,51 @@ async def _main(args: argparse.Namespace) -> None:
         if profiler:
             profiler.enable()
         for _ in range(args.requests // args.concurrency):
-            await asyncio.gather(*(_one(app, path, body, never) for _ in range(args.concurrency)))
+            await wave(args.concurrency)
         if profiler:
             profiler.disable()
         best = min(best, (time.process_time() - t0) / args.requests * 1e6)
         main = min(main, (time.thread_time() - m0) / args.requests * 1e6)
     # main: the event loop's thread alone (the request path), without the exporter's thread.
     figures = {"cpu_us_per_request": round(best, 2), "main_thread_us_per_request": round(main, 2)}
-    print(json.dumps({**figures, "stream": args.stream, "trace": args.trace}))
+    shape = {"balancer": args.balancer, "backends": args.backends, "distinct": args.distinct}
+    shape["tokenizer"] = bool(args.tokenizer) and args.balancer == "kv_events"
+    print(json.dumps({**figures, "stream": args.stream, "trace": args.trace, **shape}))
+    if subscribers:
+        held = {"index_blocks": [len(s.index) for s in subscribers], "batches": [s.stats.batches for s in subscribers]}
+        print(json.dumps(held))
     if profiler:
         profiler.dump_stats(args.profile)
     await startup.put({"type": "lifespan.shutdown"})
     await lifespan
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _bodies(args: argparse.Namespace, model: str, n: int) -> tuple[list[bytes], list[list[dict[str, str]]]]:
+    """The requests' bodies and their messages: one small body n times, or n conversations."""
+    if not args.distinct:
+        one = configs.request_body(model, args.stream)
+        return [one] * n, [json.loads(one)["messages"]] * n
+    chats = [kvevents.conversation(i) for i in range(n)]
+    return [kvevents.body(model, chat, 128) for chat in chats], chats
+
+
+def _batches(args: argparse.Namespace, chats: list[list[dict[str, str]]]) -> list[list[bytes]]:
+    """For each request, the event batch its engine would publish (kvevents.py)."""
+    from gateway.pipeline.chat_tokenizer import ChatTokenizer
+
+    tokenizer = ChatTokenizer.load(Path(args.tokenizer)) if args.tokenizer else None
+    prompts: list[list[int]] = []
+    for messages in chats:
+        ids = tokenizer.ids({"messages": messages}) if tokenizer is not None else None
+        prompts.append(ids if ids is not None else [FILLER_PROMPT] * (sum(len(m["content"]) for m in messages) // 3))
+    return kvevents.batches(prompts, generated=128, keep=args.requests // 2)
 
 
 def main() -> None:
@@ -162,6 +232,10 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--stream", action="store_true")
     parser.add_argument("--profile", default="")
+    parser.add_argument("--balancer", choices=("least_load", "prefix_affinity", "kv_events"), default="least_load")
+    parser.add_argument("--backends", type=int, default=1, help="backends in the pool (kv_events: each with events)")
+    parser.add_argument("--tokenizer", default=os.environ.get("TINY_HF_DIR", ""), help="kv_events: the pool's")
+    parser.add_argument("--distinct", action="store_true", help="every request a conversation of its own")
     parser.add_argument("--trace", type=float, default=None, help="tracing on at this sampling ratio")
     args = parser.parse_args()
     sink = None

@@ -22,14 +22,23 @@ def message_keys(seed: str, messages: Sequence[Any]) -> list[bytes]:
     out = []
     for message in messages:
         h = blake2b(key, digest_size=16)
-        h.update(
-            json.dumps(message, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode(
-                "utf-8", "surrogatepass"
-            )
-        )
+        h.update(_canonical(message))
         key = h.digest()
         out.append(key)
     return out
+
+
+def _canonical(message: Any) -> bytes:
+    """A message as bytes that tell it apart from every other message. A plain text message (a role
+    and a string content, most of a conversation) skips the JSON encoder, which took most of a short
+    conversation's keying: its form starts with a zero byte, which no JSON text does."""
+    if type(message) is dict and len(message) == 2:
+        role, content = message.get("role"), message.get("content")
+        if type(role) is str and type(content) is str:
+            name = role.encode("utf-8", "surrogatepass")
+            return b"\x00" + len(name).to_bytes(4, "big") + name + content.encode("utf-8", "surrogatepass")
+    text = json.dumps(message, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return text.encode("utf-8", "surrogatepass")
 
 
 def prompt_key(seed: str, prompt: str) -> bytes:

@@ -8,7 +8,7 @@ from array import array
 from collections.abc import Sequence
 from hashlib import blake2b
 
-_TOKEN_TYPE = "I"
+TOKEN_TYPE = "I"
 """Token ids as unsigned 32-bit integers: every vocabulary in use fits, and packing is one C call."""
 
 
@@ -24,7 +24,7 @@ def next_key(parent: bytes, tokens: Sequence[int], extra: bytes = b"") -> bytes:
     names what else the engine hashed into the block (an image's identifier, prompt embeddings): a
     request matched by its text alone never produces it, so such a block never matches one."""
     h = blake2b(parent, digest_size=8)
-    h.update(array(_TOKEN_TYPE, tokens).tobytes())
+    h.update(array(TOKEN_TYPE, tokens).tobytes())
     if extra:
         h.update(b"\x00" + extra)
     return h.digest()

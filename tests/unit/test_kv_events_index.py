@@ -235,7 +235,16 @@ def test_the_keys_are_the_gateways_own() -> None:
 
 @pytest.mark.parametrize(
     "payload",
-    [b"\xc1", msgpack.packb({"x": 1}), msgpack.packb([0.0, [7]]), msgpack.packb([0.0, [{"type": "BlockStored"}]])],
+    [
+        b"\xc1",
+        msgpack.packb({"x": 1}),
+        msgpack.packb([0.0, [7]]),
+        msgpack.packb([0.0, [{"type": "BlockStored"}]]),
+        *(
+            msgpack.packb([0.0, [{"type": "BlockStored", "block_hashes": [1], "token_ids": [1, bad], "block_size": 2}]])
+            for bad in (-1, 2**32, 1.5, "2", None)
+        ),
+    ],
 )
 def test_a_malformed_payload_is_a_decode_error(payload: bytes) -> None:
     with pytest.raises(EventDecodeError):

@@ -24,6 +24,20 @@ def test_a_conversations_keys_extend_its_earlier_turns_keys() -> None:
     assert prompt_key("m", "x") != prompt_key("m", "y") and prompt_key("m", "x") == prompt_key("m", "x")
 
 
+@pytest.mark.parametrize(
+    "other",
+    [
+        {"role": "system\x00b", "content": "e brief"},  # the role's end moved into the content
+        {"role": "syste", "content": "mbe brief"},
+        {"role": "system", "content": "be brief", "name": "x"},  # a field more: the JSON form
+        {"role": "system", "content": [{"type": "text", "text": "be brief"}]},
+        {"role": "system", "content": None},
+    ],
+)
+def test_messages_that_differ_have_different_keys(other: dict[str, object]) -> None:
+    assert message_keys("m", [other])[0] != message_keys("m", TURN1[:1])[0]
+
+
 def test_the_longest_remembered_leading_run_is_found() -> None:
     memo = TokenMemo()
     one, two = message_keys("m", TURN1), message_keys("m", TURN2)
