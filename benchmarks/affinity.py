@@ -554,7 +554,7 @@ def run_gateway_policy(
         if balancer == "kv_events":
             r.prompt_ids = {
                 source: sum(gw.metric("gateway_kv_events_prompt_ids_total", source=source) for gw in started)
-                for source in ("local", "remembered", "prefix", "none", "mismatch")
+                for source in ("local", "resumed", "remembered", "prefix", "none", "mismatch", "resume_mismatch")
             }
             r.predicted_cached = sum(gw.metric("gateway_kv_events_predicted_cached_tokens_total") for gw in started)
             r.served_cached = sum(gw.metric("gateway_kv_events_served_cached_tokens_total") for gw in started)

@@ -207,8 +207,10 @@ class GatewayMetrics:
         self.kv_prompt_ids = LeanCounter(
             "gateway_kv_events_prompt_ids",
             "kv_events: where a request's token ids for the cache match came from (remembered: its own; "
-            "local: its own, from the pool's tokenizer; prefix: an earlier turn's or its system messages'; none: "
-            "routed with no match; mismatch: the pool's tokenizer disagreed with the engine and was turned off).",
+            "local: its own, from the pool's tokenizer; resumed: the same, encoded from an earlier turn's ids; "
+            "prefix: an earlier turn's or its system messages'; none: routed with no match; mismatch: the pool's "
+            "tokenizer disagreed with the engine and was turned off; resume_mismatch: encoding from an earlier "
+            "turn's ids disagreed with encoding whole and was turned off).",
             ("source",),
             registry=r,
         )

@@ -3,20 +3,24 @@ directly and the upstream client answers from memory (the run's static bodies). 
 to compare two commits in a few seconds, and to profile the gateway's code alone.
 
 PYTHONPATH=TREE python3 benchmarks/overhead/inprocess.py [--requests N] [--stream] [--profile FILE] [--trace R]
-PYTHONPATH=. python3 benchmarks/overhead/inprocess.py --balancer kv_events [--tokenizer DIR] [--distinct]
+PYTHONPATH=. python3 benchmarks/overhead/inprocess.py --balancer kv_events --backends 2 [--distinct [--walk]]
 
-It prints CPU µs per request (the best of --repeat runs). --balancer kv_events: the pool routes by
-KV events (kvevents.py): the backend names an event endpoint that nothing publishes on, and each
-request's event batch (its prompt's blocks stored, the blocks of the request --requests/2 before it
-removed, as an engine that evicts at the rate it stores) is fed to the subscriber after the request,
-on the same thread, so that its decoding and indexing count. --tokenizer: the pool's tokenizer
-(default $TINY_HF_DIR; "" for none: the ids are then asked of the engine, which answers nothing
-here). --distinct: every request a conversation of its own, the size of the affinity benchmark's
-(~1,900 characters), so that every prompt is encoded; without it every request sends the same small
-body, as the overhead benchmark does, and its ids are remembered. --trace R: tracing on, sampling a share R
+It prints CPU µs per request (the best of --repeat runs). --trace R: tracing on, sampling a share R
 of the requests, exporting to otlp_sink.py in a process of its own (the exporter's thread is this
-process's, and counted). Not a substitute for peers.py: uvicorn and
-the sockets are left out here on purpose."""
+process's, and counted).
+
+--balancer and --backends: the pool's balancer and its backends (all answered from memory). With
+kv_events each backend names an event endpoint that nothing publishes on, and each request's event
+batch (kvevents.py: its prompt's blocks stored, those of the request --requests/2 before it removed,
+as an engine that evicts at the rate it stores) is fed to a subscriber after the request, on the
+same thread, so that decoding and indexing count. --tokenizer: the pool's tokenizer (default
+$TINY_HF_DIR; "" for none: the ids are then asked of the engine, which answers nothing here).
+--distinct: every request a conversation of its own, the size of the affinity benchmark's (~1,900
+characters), so that every prompt is encoded whole; --walk with it: each conversation's four turns
+one after the other, so that a turn is encoded from the one before. Without them every request
+sends the same small body, as the overhead benchmark does (its ids are then remembered).
+
+Not a substitute for peers.py: uvicorn and the sockets are left out here on purpose."""
 
 from __future__ import annotations
 
@@ -185,11 +189,14 @@ async def _main(args: argparse.Namespace) -> None:
         main = min(main, (time.thread_time() - m0) / args.requests * 1e6)
     # main: the event loop's thread alone (the request path), without the exporter's thread.
     figures = {"cpu_us_per_request": round(best, 2), "main_thread_us_per_request": round(main, 2)}
-    shape = {"balancer": args.balancer, "backends": args.backends, "distinct": args.distinct}
+    shape = {"balancer": args.balancer, "backends": args.backends, "distinct": args.distinct, "walk": args.walk}
     shape["tokenizer"] = bool(args.tokenizer) and args.balancer == "kv_events"
     print(json.dumps({**figures, "stream": args.stream, "trace": args.trace, **shape}))
     if subscribers:
         held = {"index_blocks": [len(s.index) for s in subscribers], "batches": [s.stats.batches for s in subscribers]}
+        get = app.state.gateway.metrics.registry.get_sample_value
+        names = ("local", "resumed", "remembered", "prefix", "none", "mismatch", "resume_mismatch")
+        held["prompt_ids"] = {n: get("gateway_kv_events_prompt_ids_total", {"source": n}) for n in names}
         print(json.dumps(held))
     if profiler:
         profiler.dump_stats(args.profile)
@@ -209,7 +216,10 @@ def _bodies(args: argparse.Namespace, model: str, n: int) -> tuple[list[bytes], 
     if not args.distinct:
         one = configs.request_body(model, args.stream)
         return [one] * n, [json.loads(one)["messages"]] * n
-    chats = [kvevents.conversation(i) for i in range(n)]
+    if args.walk:  # request r: conversation r // 4 at its turn r % 4
+        chats = [kvevents.conversation(r // 4, r % 4) for r in range(n)]
+    else:
+        chats = [kvevents.conversation(r) for r in range(n)]
     return [kvevents.body(model, chat, 128) for chat in chats], chats
 
 
@@ -236,6 +246,7 @@ def main() -> None:
     parser.add_argument("--backends", type=int, default=1, help="backends in the pool (kv_events: each with events)")
     parser.add_argument("--tokenizer", default=os.environ.get("TINY_HF_DIR", ""), help="kv_events: the pool's")
     parser.add_argument("--distinct", action="store_true", help="every request a conversation of its own")
+    parser.add_argument("--walk", action="store_true", help="with --distinct: each conversation's four turns in turn")
     parser.add_argument("--trace", type=float, default=None, help="tracing on at this sampling ratio")
     args = parser.parse_args()
     sink = None

@@ -37,15 +37,15 @@ def pool_yaml(balancer: str, upstream_port: int, events_ports: list[int], tokeni
     return f"json:  {{engine: vllm, balancer: {balancer}{named}, backends: [{', '.join(backends)}]}}"
 
 
-def conversation(i: int) -> list[dict[str, str]]:
-    """Conversation i: the shared system prompt, an opening of its own and three turns (~1,900
-    characters, as the affinity benchmark's fourth turn)."""
+def conversation(i: int, turns: int = 3) -> list[dict[str, str]]:
+    """Conversation i: the shared system prompt, an opening of its own and `turns` turns (three:
+    ~1,900 characters, as the affinity benchmark's fourth turn)."""
     words = " ".join(f"item{i}-{k}" for k in range(70))
     messages = [
         {"role": "system", "content": SYSTEM},
         {"role": "user", "content": f"Conversation {i}. Here is the list to review: {words}."},
     ]
-    for turn in range(3):
+    for turn in range(turns):
         answer = f"Reviewed part {turn} of list {i}; three items need a closer look."
         messages.append({"role": "assistant", "content": answer})
         messages.append(

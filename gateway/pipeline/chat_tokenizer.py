@@ -14,10 +14,12 @@ Needs the `kv-events` extra (tokenizers, jinja2), imported when a pool names a t
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Final
+
+from gateway.pipeline.token_memo import Cut, text_digest
 
 TEXT_KEYS: Final = frozenset({"role", "content", "name"})
 """A message's keys that the local rendering takes; another key (tool_calls, a list content...)
@@ -61,6 +63,11 @@ class ChatTokenizer:
         self._encoder = encoder
         self._template = template
         self._variables = dict(variables)
+        added = encoder.get_added_tokens_decoder()
+        self._specials = frozenset(i for i, t in added.items() if t.special)
+        """The special tokens' ids and texts: the tokenizer splits its input at each before encoding
+        the pieces in between, so ids never merge across one (resume())."""
+        self._special_texts = tuple({t.content for t in added.values() if t.special and t.content})
 
     @classmethod
     def load(cls, path: str) -> ChatTokenizer:
@@ -117,13 +124,45 @@ class ChatTokenizer:
 
     def ids(self, body: Mapping[str, Any]) -> list[int] | None:
         """The body's prompt ids (its `messages`, else its `prompt` string); None: asked of the engine."""
+        text = self.prompt_text(body)
+        return self.encode(*text) if text is not None else None
+
+    def prompt_text(self, body: Mapping[str, Any]) -> tuple[str, bool] | None:
+        """The body's prompt as the engine encodes it, and whether the tokenizer's own special tokens
+        are added (a plain prompt) or not (a chat: its template writes them); None: asked of the engine."""
         if "messages" in body:
             text = self.chat_text(body)
-            return self.encode(text, False) if text is not None else None
+            return (text, False) if text is not None else None
         prompt = body.get("prompt")
         if not isinstance(prompt, str) or any(k in body for k in TEMPLATE_OPTIONS):
             return None
-        return self.encode(prompt, True)
+        return prompt, True
+
+    def encode_chat(self, text: str) -> tuple[list[int], Cut | None]:
+        """A chat text's ids (no special tokens added) and its cut (None: no special token in it)."""
+        ids = self.encode(text, False)
+        return ids, self._cut(text, ids, 0, 0)
+
+    def resume(self, text: str, ids: Sequence[int], cut: Cut) -> tuple[list[int], Cut | None] | None:
+        """encode_chat(text) from an earlier prompt's `ids` and `cut`, encoding only what follows the
+        cut: the same ids, because the tokenizer encodes the pieces between special tokens apart.
+        None when `text` does not start with the earlier prompt's text up to the cut (the template
+        rendered its earlier messages differently)."""
+        if len(text) < cut.chars or text_digest(text[: cut.chars]) != cut.digest:
+            return None
+        rest = self.encode(text[cut.chars :], False)
+        return [*ids[: cut.tokens], *rest], self._cut(text, rest, cut.chars, cut.tokens) or cut
+
+    def _cut(self, text: str, ids: Sequence[int], chars: int, tokens: int) -> Cut | None:
+        """The cut after the last special token of `ids`, the ids of text[chars:] (which follow
+        `tokens` ids), or None when they hold none."""
+        last = next((i for i in range(len(ids) - 1, -1, -1) if ids[i] in self._specials), None)
+        if last is None:
+            return None
+        end = max((text.rfind(s, chars) + len(s) for s in self._special_texts if text.rfind(s, chars) >= 0), default=-1)
+        if end < 0:
+            return None
+        return Cut(end, tokens + last + 1, text_digest(text[:end]))
 
     def encode(self, text: str, special: bool) -> list[int]:
         """`text`'s token ids; `special`: with the tokenizer's own special tokens (a plain prompt)."""

@@ -6,7 +6,13 @@ background, and are remembered (TokenMemo) by the chained hash of the messages. 
 matched from:
 
 - its own ids, remembered (the same conversation state sent again);
-- its own ids from the pool's tokenizer, encoded now when the prompt is short (INLINE_CHARS);
+- its own ids from the pool's tokenizer, encoded now when what is to be encoded is short
+  (INLINE_CHARS). A conversation's next turn is encoded from its earlier turn's ids: the template's
+  text up to the earlier prompt's last special token (its cut, token_memo.Cut) is checked to be the
+  same, its ids are kept, and only the text after it is encoded (the tokenizer encodes the pieces
+  between special tokens apart, so the ids are those of the whole text; VERIFY_FIRST and
+  VERIFY_EVERY check that they are). An agent's 100,000-character prompt that grew by one turn is
+  then a millisecond's encode on the event loop instead of ~50 ms in a thread;
 - else the ids of its longest remembered leading run of messages (a conversation's earlier turn, or
   its system prompt alone), a prefix of its own up to that run's last message: all an engine can
   hold of it from earlier requests;
@@ -31,7 +37,7 @@ import asyncio
 import itertools
 import logging
 from collections import Counter
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, Final
 
 from gateway.config import GatewayConfig, RouteConfig
@@ -39,22 +45,30 @@ from gateway.errors import GatewayError
 from gateway.fleet.registry import Backend, Registry
 from gateway.metrics import GatewayMetrics
 from gateway.pipeline.chat_tokenizer import ChatTokenizer
-from gateway.pipeline.token_memo import TokenMemo, message_keys, prompt_key
+from gateway.pipeline.token_memo import Cut, TokenMemo, message_keys, prompt_key
 from gateway.policy.cached_prefix import PromptIds
 from gateway.upstream.client import UpstreamClient
 from gateway.value import value
 
 log = logging.getLogger(__name__)
 
+Resumable = tuple[Sequence[int], Cut]
+"""An earlier prompt's ids and cut (TokenMemo.resumable)."""
+
 BACKGROUND_CALLS: Final = 8
 """Tokenize calls in flight at most; past it a request's ids are not learned (its next turn then
 matches from an earlier one, or from nothing)."""
 INLINE_CHARS: Final = 8192
-"""A prompt of up to this many characters (its messages' contents) is encoded by the pool's
-tokenizer before routing, on the event loop: ~0.4 ms for the 1,900 characters of the affinity
-benchmark's prompts with the test model's tokenizer (docs/routing.md). A longer one is encoded in a
-worker thread (the encoder releases the GIL) for the requests after it, so the loop never waits on
-an agent's 100,000 characters."""
+"""A prompt with up to this many characters to encode (its whole text, or what follows an earlier
+turn's cut) is encoded by the pool's tokenizer before routing, on the event loop: ~0.4 ms for the
+1,900 characters of the affinity benchmark's prompts with the test model's tokenizer
+(docs/routing.md). More is encoded in a worker thread (the encoder releases the GIL) for the
+requests after it, so the loop never waits on an agent's 100,000 characters."""
+VERIFY_FIRST: Final = 4
+VERIFY_EVERY: Final = 64
+"""A pool's first VERIFY_FIRST prompts encoded from an earlier prompt's cut, and one in
+VERIFY_EVERY after, are also encoded whole in a worker thread and compared: one difference and its
+prompts are encoded whole from then on (a tokenizer whose normalizer treats a text's start apart)."""
 CHECK_FIRST: Final = 4
 CHECK_EVERY: Final = 256
 """The pool's tokenizer's first CHECK_FIRST prompts, and one in CHECK_EVERY after, are also asked
@@ -100,6 +114,10 @@ class PromptTokens:
         """Pool -> its tokenizer, while it agrees with the engine."""
         self._encoded: Counter[str] = Counter()
         """Pool -> prompts its tokenizer encoded (which of them are checked)."""
+        self._resuming = set(self._local)
+        """The pools whose prompts are encoded from the cut of an earlier prompt (while that gives
+        the ids that encoding them whole gives)."""
+        self._resumed: Counter[str] = Counter()
 
     def wanted(self, route: RouteConfig) -> bool:
         return any(pool in self._pools for pool in route.pools)
@@ -124,15 +142,15 @@ class PromptTokens:
             return PromptIds(own, True)
         asked = Asked(route, model, view, messages, prompt, keys[-1])
         local = self._tokenizer(route)
-        if local is not None and _chars(messages, prompt) <= INLINE_CHARS:
-            ids = local[1].ids(view)
-            if ids is not None:
-                self.memo.put(asked.key, ids)
-                self._count("local")
-                self._check(asked, local[0], ids)
+        text = local[1].prompt_text(view) if local is not None else None
+        if local is not None and text is not None:
+            pool = local[0]
+            start = self.memo.resumable(keys[:-1]) if not text[1] and pool in self._resuming else None
+            if len(text[0]) - (start[1].chars if start is not None else 0) <= INLINE_CHARS:
+                ids, resumed = self._local_ids(asked, local, text, start)
+                self._count("resumed" if resumed else "local")
                 return PromptIds(ids, True)
-        elif local is not None:
-            self._learn(asked, self._encode(asked, local))
+            self._learn(asked, self._encode(asked, local, text, start))
         self._learn(asked, None)  # no-op when the tokenizer's thread took it
         if messages is not None:
             system = _system_run(messages)
@@ -165,21 +183,56 @@ class PromptTokens:
                 return pool, tokenizer
         return None
 
-    async def _encode(self, asked: Asked, local: tuple[str, ChatTokenizer]) -> None:
+    def _local_ids(
+        self, asked: Asked, local: tuple[str, ChatTokenizer], text: tuple[str, bool], earlier: Resumable | None
+    ) -> tuple[list[int], bool]:
+        """The prompt's ids from the pool's tokenizer, remembered, checked as the pool's tokenizer
+        is; and whether they were resumed from an earlier prompt's."""
+        pool, tokenizer = local
+        ids, cut, resumed = _encoded(tokenizer, text, earlier)
+        self.memo.put(asked.key, ids, cut)
+        self._check(asked, pool, ids)
+        if resumed:
+            self._verify(pool, tokenizer, text[0], ids)
+        return ids, resumed
+
+    async def _encode(
+        self, asked: Asked, local: tuple[str, ChatTokenizer], text: tuple[str, bool], earlier: Resumable | None
+    ) -> None:
         """A long prompt's ids from the pool's tokenizer, in a worker thread (the encoder releases
         the GIL), for the requests after it."""
         pool, tokenizer = local
-        encode: Callable[[], list[int] | None] = lambda: tokenizer.ids(asked.view)  # noqa: E731
+        encode: Callable[[], tuple[list[int], Cut | None, bool]] = lambda: _encoded(tokenizer, text, earlier)  # noqa: E731
         try:
-            ids = await asyncio.get_running_loop().run_in_executor(None, encode)
-            if ids is None:  # a shape the tokenizer leaves to the engine
-                ids = await self._call(asked)
-            else:
-                self._check(asked, pool, ids)
-            if ids is not None:
-                self.memo.put(asked.key, ids)
+            ids, cut, resumed = await asyncio.get_running_loop().run_in_executor(None, encode)
+            self.memo.put(asked.key, ids, cut)
+            self._check(asked, pool, ids)
+            if resumed:
+                self._verify(pool, tokenizer, text[0], ids)
         finally:
             self._asking.discard(asked.key)
+
+    def _verify(self, pool: str, tokenizer: ChatTokenizer, text: str, ids: list[int]) -> None:
+        """The first VERIFY_FIRST resumed encodings of a pool, and one in VERIFY_EVERY after, are
+        encoded whole too (in a worker thread) and compared."""
+        n = self._resumed[pool]
+        self._resumed[pool] = n + 1
+        if n < VERIFY_FIRST or n % VERIFY_EVERY == 0:
+            self._start(self._compare_whole(pool, tokenizer, text, ids))
+
+    async def _compare_whole(self, pool: str, tokenizer: ChatTokenizer, text: str, ids: list[int]) -> None:
+        whole: Callable[[], list[int]] = lambda: tokenizer.encode_chat(text)[0]  # noqa: E731
+        if await asyncio.get_running_loop().run_in_executor(None, whole) == ids or pool not in self._resuming:
+            return
+        self._resuming.discard(pool)
+        self._count("resume_mismatch")
+        self.memo.clear()
+        log.warning(
+            "pool %s: the tokenizer in %s encodes a prompt differently in pieces than whole; "
+            "its prompts are encoded whole from now on",
+            pool,
+            tokenizer.path,
+        )
 
     def _check(self, asked: Asked, pool: str, ids: list[int]) -> None:
         n = self._encoded[pool]
@@ -254,6 +307,10 @@ class PromptTokens:
             return None
         return tokens
 
+    def busy(self) -> bool:
+        """Whether background calls or encodings are still running."""
+        return bool(self._background)
+
     async def close(self) -> None:
         """Cancel the background calls (the gateway is stopping)."""
         for task in list(self._background):
@@ -261,14 +318,20 @@ class PromptTokens:
         await asyncio.gather(*self._background, return_exceptions=True)
 
 
-def _chars(messages: list[Any] | None, prompt: str | None) -> int:
-    """The characters of a prompt's text, to choose between encoding it now and in a thread."""
-    if messages is None:
-        return len(prompt or "")
-    return sum(
-        len(m.get("content") or "") if isinstance(m, dict) and isinstance(m.get("content"), str) else 0
-        for m in messages
-    )
+def _encoded(
+    tokenizer: ChatTokenizer, text: tuple[str, bool], earlier: Resumable | None
+) -> tuple[list[int], Cut | None, bool]:
+    """A prompt's ids, its cut, and whether they were resumed from `earlier` (an earlier prompt of
+    the conversation: its ids and cut)."""
+    prompt, special = text
+    if special:
+        return tokenizer.encode(prompt, True), None, False
+    if earlier is not None:
+        resumed = tokenizer.resume(prompt, *earlier)
+        if resumed is not None:
+            return resumed[0], resumed[1], True
+    ids, cut = tokenizer.encode_chat(prompt)
+    return ids, cut, False
 
 
 def _system_run(messages: list[Any]) -> int:

@@ -11,8 +11,25 @@ from collections.abc import Sequence
 from hashlib import blake2b
 from typing import Any, Final
 
+from gateway.value import value
+
 DEFAULT_MAX_IDS: Final = 4_000_000
 """Token ids held in all: 16 MB (4 bytes an id), about 400 conversations of 10k tokens."""
+
+
+@value
+class Cut:
+    """Where a longer prompt whose text starts as this one's may resume encoding: this prompt's first
+    `chars` characters (up to the end of its last special token, such as a turn's start marker)
+    gave its first `tokens` ids; `digest` names those characters (text_digest)."""
+
+    chars: int
+    tokens: int
+    digest: bytes
+
+
+def text_digest(text: str) -> bytes:
+    return blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16, person=b"gw-memo-cut").digest()
 
 
 def message_keys(seed: str, messages: Sequence[Any]) -> list[bytes]:
@@ -48,10 +65,12 @@ def prompt_key(seed: str, prompt: str) -> bytes:
 
 
 class TokenMemo:
-    __slots__ = ("_entries", "_held", "max_ids")
+    __slots__ = ("_cuts", "_entries", "_held", "max_ids")
 
     def __init__(self, max_ids: int = DEFAULT_MAX_IDS) -> None:
         self._entries: OrderedDict[bytes, array[int]] = OrderedDict()
+        self._cuts: dict[bytes, Cut] = {}
+        """The cuts of the entries encoded by a pool's tokenizer (resumable())."""
         self._held = 0
         self.max_ids = max_ids
 
@@ -78,7 +97,17 @@ class TokenMemo:
                 return ids
         return None
 
-    def put(self, key: bytes, tokens: Sequence[int]) -> None:
+    def resumable(self, keys: Sequence[bytes]) -> tuple[array[int], Cut] | None:
+        """The ids and cut of the longest leading run held with a cut (keys as for longest())."""
+        for key in reversed(keys):
+            cut = self._cuts.get(key)
+            if cut is not None:
+                ids = self.get(key)
+                if ids is not None:
+                    return ids, cut
+        return None
+
+    def put(self, key: bytes, tokens: Sequence[int], cut: Cut | None = None) -> None:
         if len(tokens) > self.max_ids:
             return
         try:
@@ -90,10 +119,16 @@ class TokenMemo:
             self._held -= len(old)
         self._entries[key] = ids
         self._held += len(ids)
+        if cut is not None:
+            self._cuts[key] = cut
+        else:
+            self._cuts.pop(key, None)
         while self._held > self.max_ids:
-            _, dropped = self._entries.popitem(last=False)
+            gone, dropped = self._entries.popitem(last=False)
+            self._cuts.pop(gone, None)
             self._held -= len(dropped)
 
     def clear(self) -> None:
         self._entries.clear()
+        self._cuts.clear()
         self._held = 0

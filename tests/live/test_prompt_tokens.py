@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +20,9 @@ import pytest
 from engines.sim.server import SimServer
 from gateway.app.build import Gateway
 from gateway.config_loader import parse_config
+from gateway.pipeline.chat_tokenizer import ChatTokenizer
 from gateway.pipeline.prompt_tokens import INLINE_CHARS
-from gateway.pipeline.token_memo import message_keys
+from gateway.pipeline.token_memo import Cut, message_keys
 from gateway.serving.server import start
 from tests.engines.servers import free_port
 from tests.live.conftest import sim_params
@@ -192,3 +193,65 @@ async def test_a_long_prompt_is_encoded_in_a_thread_for_the_next_request(
     await wait_for_calls(sims, 2)
     await asyncio.sleep(0.05)
     assert sum(tokenize_calls(sims)) == 2
+
+
+TURN3 = [*TURN2, {"role": "assistant", "content": "The gravel rake."}, {"role": "user", "content": "Thanks."}]
+
+
+async def test_a_next_turn_is_encoded_from_the_earlier_turns_ids(
+    tokenized: tuple[str, Gateway, list[SimServer]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, gw, _ = tokenized
+    assert gw.tokens is not None
+    monkeypatch.setattr(gw.tokens, "_check", lambda *args: None)  # the simulator's ids are not the tokenizer's
+    names = ("local", "resumed", "resume_mismatch")
+    async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+        for turn in (TURN1, TURN2, TURN3):
+            r = await client.post("/v1/chat/completions", json={"model": "tiny", "messages": turn, "max_tokens": 2})
+            assert r.status_code == 200, r.text
+    assert sources(gw, names) == {"local": 1, "resumed": 2, "resume_mismatch": 0}
+    tokenizer = ChatTokenizer.load(str(Path(gw.config.pools["vllm"].tokenizer or "")))
+    held = gw.tokens.memo.get(message_keys("tiny", TURN3)[-1])
+    assert held is not None and list(held) == tokenizer.ids({"messages": TURN3})
+    await settled(gw)  # the whole encodings that check the first resumed ones agreed
+    assert sources(gw, names)["resume_mismatch"] == 0
+
+
+async def test_a_tokenizer_that_encodes_pieces_differently_is_used_whole(
+    tokenized: tuple[str, Gateway, list[SimServer]], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    url, gw, _ = tokenized
+    assert gw.tokens is not None
+    monkeypatch.setattr(gw.tokens, "_check", lambda *args: None)
+    resume = ChatTokenizer.resume
+
+    def off_by_one(self: ChatTokenizer, text: str, ids: Sequence[int], cut: Cut) -> tuple[list[int], Cut | None] | None:
+        got = resume(self, text, ids, cut)
+        return ([*got[0], 0], got[1]) if got is not None else None
+
+    monkeypatch.setattr(ChatTokenizer, "resume", off_by_one)
+    names = ("local", "resumed", "resume_mismatch")
+    async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+
+        async def chat(messages: list[dict[str, str]]) -> None:
+            r = await client.post("/v1/chat/completions", json={"model": "tiny", "messages": messages, "max_tokens": 2})
+            assert r.status_code == 200, r.text
+
+        with caplog.at_level(logging.WARNING, logger="gateway.pipeline.prompt_tokens"):
+            await chat(TURN1)
+            await chat(TURN2)
+            await settled(gw)
+        assert sources(gw, names) == {"local": 1, "resumed": 1, "resume_mismatch": 1}
+        assert len(gw.tokens.memo) == 0  # what the pieces gave is dropped
+        assert any("in pieces" in r.getMessage() for r in caplog.records)
+        await chat(TURN1)
+        await chat(TURN2)  # whole now
+    assert sources(gw, names) == {"local": 3, "resumed": 1, "resume_mismatch": 1}
+
+
+async def settled(gw: Gateway) -> None:
+    """Wait until the gateway's background token work is done."""
+    assert gw.tokens is not None
+    async with asyncio.timeout(5):
+        while gw.tokens.busy():
+            await asyncio.sleep(0.005)

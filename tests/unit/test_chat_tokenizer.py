@@ -35,6 +35,31 @@ def test_a_chat_is_rendered_by_its_template_and_encoded_without_added_specials(t
     assert tok.ids(body) == expected
 
 
+NEXT = [*TURN, {"role": "assistant", "content": "be brief"}, {"role": "user", "content": "which rake?"}]
+
+
+def test_a_next_turn_is_encoded_from_the_earlier_turns_cut(tmp_path: Path) -> None:
+    tok = ChatTokenizer.load(str(write_model(tmp_path)))
+    first = tok.chat_text({"messages": TURN})
+    second = tok.chat_text({"messages": NEXT})
+    assert first is not None and second is not None
+    ids, cut = tok.encode_chat(first)
+    assert cut is not None
+    # The cut ends at the earlier prompt's last special token: the generation prompt's turn start.
+    assert first[: cut.chars].endswith("<|im_start|>") and ids[cut.tokens - 1] == ids_of("<|im_start|>")[0]
+    resumed = tok.resume(second, ids, cut)
+    assert resumed is not None
+    assert resumed == tok.encode_chat(second)  # the ids and the new cut of the whole text
+    # A text that does not start as the earlier one did up to the cut is not resumed.
+    assert tok.resume(second.replace("be brief", "be rake", 1), ids, cut) is None
+    assert tok.resume(first[:5], ids, cut) is None
+
+
+def test_a_text_without_special_tokens_has_no_cut(tmp_path: Path) -> None:
+    tok = ChatTokenizer.load(str(write_model(tmp_path, template="{{ messages[0]['content'] }}")))
+    assert tok.encode_chat("which rake?") == (ids_of("which", "rake", "?"), None)
+
+
 def test_a_plain_prompt_gets_the_tokenizers_own_specials(tmp_path: Path) -> None:
     tok = ChatTokenizer.load(str(write_model(tmp_path)))
     assert tok.ids({"prompt": "which rake?"}) == ids_of("<s>", "which", "rake", "?")

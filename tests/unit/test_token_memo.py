@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.pipeline.token_memo import TokenMemo, message_keys, prompt_key
+from gateway.pipeline.token_memo import Cut, TokenMemo, message_keys, prompt_key, text_digest
 
 pytestmark = pytest.mark.unit
 
@@ -65,3 +65,22 @@ def test_the_least_recently_used_go_first_past_the_bound() -> None:
     assert memo.get(b"huge") is None and memo.held == 6
     memo.put(b"neg", [1, -1])  # not a token id
     assert memo.get(b"neg") is None
+
+
+def test_a_cut_is_found_with_its_ids_and_goes_with_them() -> None:
+    memo = TokenMemo(max_ids=10)
+    one, two = message_keys("m", TURN1), message_keys("m", TURN2)
+    cut = Cut(5, 2, text_digest("hello"))
+    memo.put(one[0], [1, 2, 3], cut)
+    memo.put(one[1], [1, 2, 3, 4])  # remembered without a cut (asked of an engine)
+    found = memo.resumable(two[:-1])
+    assert found is not None and list(found[0]) == [1, 2, 3] and found[1] == cut
+    memo.put(one[0], [1, 2, 3])  # put again without one: the cut goes
+    assert memo.resumable(two[:-1]) is None
+    memo.put(one[0], [1, 2, 3], cut)
+    memo.put(b"x", range(4))
+    memo.put(b"y", range(4))  # past the bound: the least recent, one[0] with its cut, go first
+    assert memo.get(one[0]) is None and memo.resumable(two[:-1]) is None
+    memo.put(one[0], [1, 2, 3], cut)
+    memo.clear()
+    assert memo.resumable(two[:-1]) is None
