@@ -567,12 +567,13 @@ def run_gateway_policy(
 
 
 def caught_up(gateways: Sequence[GatewayThread], deadline: float) -> None:
-    """Wait until every kv_events subscriber of every gateway has heard its engine (and so replayed
-    what the engine buffered before it): `last_seq` is set only after that replay."""
+    """Wait until every kv_events subscriber of every gateway has replayed what its engine buffered
+    before it connected (the earlier runs' events: applying them is work that belongs before the
+    run, not in its first requests' time to first token), and has heard the engine since."""
     subscribers = [
         sub for gw in gateways if gw.gateway.kv_events is not None for sub in gw.gateway.kv_events.subscribers.values()
     ]
-    while any(sub.last_seq is None for sub in subscribers):
+    while any(not sub.caught_up or sub.last_seq is None for sub in subscribers):
         if time.monotonic() > deadline:
             raise RuntimeError("a gateway's KV-event subscriber heard nothing from its engine")
         time.sleep(0.05)

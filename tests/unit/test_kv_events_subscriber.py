@@ -207,6 +207,26 @@ async def test_a_subscriber_learns_an_idle_engines_cache_when_it_connects(
     sub = await caught_up(ctx, pub)
     assert same(sub.index, expected_index(3)) and len(sub.index) > 0
     assert (sub.stats.replays, sub.stats.replayed, sub.stats.gaps, sub.stats.restarts) == (1, 3, 0, 0)
+    assert sub.caught_up
+
+
+async def test_a_long_catch_up_lets_the_event_loop_run_between_batches(
+    ctx: zmq.asyncio.Context, pub: PublisherEmulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The replayed batches can all be queued before the first is applied: awaiting each then never
+    # suspends, and the catch-up would hold the loop (and every request on it) to its end.
+    monkeypatch.setattr(subscriber_module, "REPLAY_YIELD", 1)
+    sleep = asyncio.sleep
+    yields = 0
+
+    async def counted(delay: float, *args: object) -> None:
+        nonlocal yields
+        yields += delay == 0
+        await sleep(delay)
+
+    monkeypatch.setattr(subscriber_module.asyncio, "sleep", counted)
+    sub = await caught_up(ctx, pub)
+    assert sub.caught_up and sub.stats.replayed == 3 and yields >= 3
 
 
 async def test_the_live_copies_of_batches_the_catch_up_replayed_are_skipped(

@@ -23,6 +23,10 @@ from gateway.fleet.kvevents.index import EngineIndex
 log = logging.getLogger(__name__)
 
 END_SEQ = -1
+REPLAY_YIELD = 32
+"""Replayed batches applied between two turns of the event loop: a replay socket's answer arrives
+faster than it is applied, so without a pause a catch-up through an engine's whole buffer (10,000
+batches by default) would hold the loop, and every request on it, for as long as it takes."""
 REPLAY_IDLE_S = 2.0
 """A replay answer that pauses this long has ended (the engine died, or speaks no replay)."""
 COPIES_S = 1.0
@@ -78,6 +82,9 @@ class EventSubscriber:
         """The last batch the catch-up at connect replayed, while the live stream may still deliver
         copies of it and of those before it; None once a later batch is heard."""
         self._copies_until = 0.0
+        self.caught_up = False
+        """Whether the catch-up at connect is over (or there was none to make): the view holds what
+        the engine buffered before this subscriber connected."""
 
     async def run(self) -> None:
         sub = self._ctx.socket(zmq.SUB)
@@ -88,6 +95,7 @@ class EventSubscriber:
         try:
             if self._replay_endpoint is not None:
                 await self._catch_up()
+            self.caught_up = True
             while True:
                 frames = await sub.recv_multipart()
                 await self.on_frames(frames)
@@ -179,5 +187,7 @@ class EventSubscriber:
                 if start <= seq and (upto is None or seq < upto) and (self.last_seq is None or seq > self.last_seq):
                     self._apply(seq, reply[3])
                     got += 1
+                    if got % REPLAY_YIELD == 0:
+                        await asyncio.sleep(0)
         finally:
             dealer.close(linger=0)
