@@ -224,7 +224,7 @@ async def test_a_long_catch_up_lets_the_event_loop_run_between_batches(
         yields += delay == 0
         await sleep(delay)
 
-    monkeypatch.setattr(subscriber_module.asyncio, "sleep", counted)
+    monkeypatch.setattr(asyncio, "sleep", counted)
     sub = await caught_up(ctx, pub)
     assert sub.caught_up and sub.stats.replayed == 3 and yields >= 3
 
