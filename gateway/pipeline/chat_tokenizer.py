@@ -159,7 +159,8 @@ class ChatTokenizer:
         last = next((i for i in range(len(ids) - 1, -1, -1) if ids[i] in self._specials), None)
         if last is None:
             return None
-        end = max((text.rfind(s, chars) + len(s) for s in self._special_texts if text.rfind(s, chars) >= 0), default=-1)
+        found = [(text.rfind(s, chars), len(s)) for s in self._special_texts]
+        end = max((at + size for at, size in found if at >= 0), default=-1)
         if end < 0:
             return None
         return Cut(end, tokens + last + 1, text_digest(text[:end]))
