@@ -39,7 +39,10 @@ COMPILED = [
     "gateway/pipeline/relay.py",
     "gateway/pipeline/router.py",
     "gateway/pipeline/stored.py",
+    "gateway/pipeline/token_memo.py",
     "gateway/policy/balancer.py",
+    "gateway/policy/blockkeys.py",
+    "gateway/policy/cached_prefix.py",
     "gateway/policy/caps.py",
     "gateway/policy/fairqueue.py",
     "gateway/policy/kv.py",
@@ -76,6 +79,9 @@ COMPILED = [
     "gateway/protocols/sse.py",
     "gateway/protocols/tokenize.py",
     "gateway/upstream/connection.py",
+    "gateway/fleet/kvevents/decode.py",
+    "gateway/fleet/kvevents/index.py",
+    "gateway/fleet/kvevents/subscriber.py",
 ]
 
 

@@ -3,7 +3,7 @@ directly and the upstream client answers from memory (the run's static bodies). 
 to compare two commits in a few seconds, and to profile the gateway's code alone.
 
 PYTHONPATH=TREE python3 benchmarks/overhead/inprocess.py [--requests N] [--stream] [--profile FILE] [--trace R]
-PYTHONPATH=. python3 benchmarks/overhead/inprocess.py --balancer kv_events --backends 2 [--distinct [--walk]]
+PYTHONPATH=. python3 benchmarks/overhead/inprocess.py --balancer kv_events --backends 2 [--distinct [--walk]] [--no-feed]
 
 It prints CPU µs per request (the best of --repeat runs). --trace R: tracing on, sampling a share R
 of the requests, exporting to otlp_sink.py in a process of its own (the exporter's thread is this
@@ -13,7 +13,8 @@ process's, and counted).
 kv_events each backend names an event endpoint that nothing publishes on, and each request's event
 batch (kvevents.py: its prompt's blocks stored, those of the request --requests/2 before it removed,
 as an engine that evicts at the rate it stores) is fed to a subscriber after the request, on the
-same thread, so that decoding and indexing count. --tokenizer: the pool's tokenizer (default
+same thread, so that decoding and indexing count (--no-feed: none, for the request path's cost
+alone; nothing is then matched). --tokenizer: the pool's tokenizer (default
 $TINY_HF_DIR; "" for none: the ids are then asked of the engine, which answers nothing here).
 --distinct: every request a conversation of its own, the size of the affinity benchmark's (~1,900
 characters), so that every prompt is encoded whole; --walk with it: each conversation's four turns
@@ -91,6 +92,8 @@ def _install(completion: bytes, stream: bytes) -> None:
 
 
 async def _one(app: Any, path: str, body: bytes, never: asyncio.Event) -> int:
+    from gateway.asgi import CLIENT_GONE, LOOP, ClientGone
+
     sent = False
     status = 0
 
@@ -107,7 +110,12 @@ async def _one(app: Any, path: str, body: bytes, never: asyncio.Event) -> int:
         if message["type"] == "http.response.start":
             status = message["status"]
 
+    # What the gateway's own server (serving/protocol.py) puts in every scope: its loop, so that
+    # current_task() makes no getpid() syscall, and the disconnect hook, so that no watcher task
+    # is made a request. Without them the figure is that of the path under another server.
     scope = {
+        LOOP: asyncio.get_running_loop(),
+        CLIENT_GONE: ClientGone(),
         "type": "http",
         "method": "POST",
         "path": path,
@@ -136,7 +144,7 @@ async def _main(args: argparse.Namespace) -> None:
         ports = [_free_port() for _ in range(args.backends)]  # nothing listens: the subscribers wait
         line = next(x for x in text.splitlines() if x.lstrip().startswith("json:"))
         text = text.replace(line, "  " + kvevents.pool_yaml(args.balancer, 9, ports, args.tokenizer))
-    if args.balancer == "kv_events":
+    if args.balancer == "kv_events" and not args.no_feed:
         feed = _batches(args, chats)
     conf = Path(tempfile.mkdtemp()) / "gateway.yaml"
     conf.write_text(text)
@@ -244,6 +252,7 @@ def main() -> None:
     parser.add_argument("--profile", default="")
     parser.add_argument("--balancer", choices=("least_load", "prefix_affinity", "kv_events"), default="least_load")
     parser.add_argument("--backends", type=int, default=1, help="backends in the pool (kv_events: each with events)")
+    parser.add_argument("--no-feed", action="store_true", help="kv_events: no event batches (the request path alone)")
     parser.add_argument("--tokenizer", default=os.environ.get("TINY_HF_DIR", ""), help="kv_events: the pool's")
     parser.add_argument("--distinct", action="store_true", help="every request a conversation of its own")
     parser.add_argument("--walk", action="store_true", help="with --distinct: each conversation's four turns in turn")

@@ -279,9 +279,12 @@ class KVEvents(_NoMemory):
         hashed = [c.name for c in rendezvous(seed, candidates)] if seed is not None else []
         hot = seed is not None and self._hot(seed, len(candidates))
         choice = choose(states, hashed, key.cached, self._saturation, hot)
-        loads = {s.name: s.load for s in states}
         first = next(c for c in candidates if c.name == choice.favourite)
-        rest = sorted((c for c in candidates if c is not first), key=lambda c: (loads[c.name], c.name))
+        if len(candidates) == 2:
+            rest = [candidates[1] if first is candidates[0] else candidates[0]]
+        else:
+            loads = {s.name: s.load for s in states}
+            rest = sorted((c for c in candidates if c is not first), key=lambda c: (loads[c.name], c.name))
         return _saturated_last([first, *rest]), choice
 
     def _hot(self, seed: bytes, backends: int) -> bool:

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
+from functools import lru_cache
 from hashlib import blake2b
 
 TOKEN_TYPE = "I"
 """Token ids as unsigned 32-bit integers: every vocabulary in use fits, and packing is one C call."""
+BYTES_PER_TOKEN = array(TOKEN_TYPE).itemsize
 
 
+@lru_cache(maxsize=256)
 def root_key(block_size: int, lora_name: str | None = None, cache_salt: str | None = None) -> bytes:
     """The chain's seed: blocks of different sizes, adapters or cache salts never share a key, as the
     engine never shares their KV."""
@@ -19,12 +22,27 @@ def root_key(block_size: int, lora_name: str | None = None, cache_salt: str | No
     return blake2b(seed, digest_size=8, person=b"gw-kv-root").digest()
 
 
-def next_key(parent: bytes, tokens: Sequence[int], extra: bytes = b"") -> bytes:
-    """The key of a block from its parent's key (or the root) and the block's own tokens. `extra`
-    names what else the engine hashed into the block (an image's identifier, prompt embeddings): a
-    request matched by its text alone never produces it, so such a block never matches one."""
+def packed(tokens: Sequence[int]) -> bytes:
+    """Token ids as the bytes a block key hashes (4 a token). OverflowError for an id outside
+    0..2^32-1, TypeError for one that is not an int."""
+    if isinstance(tokens, array) and tokens.typecode == TOKEN_TYPE:
+        return tokens.tobytes()
+    return array(TOKEN_TYPE, tokens).tobytes()
+
+
+def unpacked(data: bytes) -> array[int]:
+    ids = array(TOKEN_TYPE)
+    ids.frombytes(data)
+    return ids
+
+
+def next_key(parent: bytes, block: bytes, extra: bytes = b"") -> bytes:
+    """The key of a block from its parent's key (or the root) and the block's own tokens, packed.
+    `extra` names what else the engine hashed into the block (an image's identifier, prompt
+    embeddings): a request matched by its text alone never produces it, so such a block never
+    matches one."""
     h = blake2b(parent, digest_size=8)
-    h.update(array(TOKEN_TYPE, tokens).tobytes())
+    h.update(block)
     if extra:
         h.update(b"\x00" + extra)
     return h.digest()
@@ -37,9 +55,13 @@ def chain_keys(
     engines cache only full blocks)."""
     if block_size < 1:
         raise ValueError("block_size must be >= 1")
+    if len(tokens) < block_size:
+        return []
     key = root_key(block_size, lora_name, cache_salt)
     out: list[bytes] = []
-    for start in range(0, len(tokens) - block_size + 1, block_size):
-        key = next_key(key, tokens[start : start + block_size])
+    data = packed(tokens)
+    step = block_size * BYTES_PER_TOKEN
+    for start in range(0, len(data) - step + 1, step):
+        key = next_key(key, data[start : start + step])
         out.append(key)
     return out

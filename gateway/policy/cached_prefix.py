@@ -7,7 +7,7 @@ backend, the loads as numbers."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from gateway.value import value
 
@@ -91,8 +91,7 @@ class KVChoice:
 def bound(loads: Sequence[float], epsilon: float, slack: int = 0) -> float:
     """The most a backend may carry after this request: (1 + epsilon) x the mean, rounded up, or
     the mean plus `slack`, whichever is more."""
-    mean = (sum(loads) + 1.0) / len(loads)
-    return max(math.ceil((1.0 + epsilon) * mean), mean + slack)
+    return bound_of(sum(loads), len(loads), epsilon, slack)
 
 
 def signalled(state: EngineState, sat: Saturation) -> bool:
@@ -112,60 +111,55 @@ def choose(
 ) -> KVChoice:
     """`states` non-empty; `hashed` the same names in the consistent hash's order for this request
     (empty when the request has no key to hash); `hot`: the conversation carries a large share of
-    the pool's recent requests (KVEvents)."""
-    by_name = {s.name: s for s in states}
-    loads = [s.load for s in states]
-    limit = bound(loads, sat.epsilon)
-    keep = bound(loads, sat.epsilon, sat.slack)  # what a holder of the prompt may carry
+    the pool's recent requests (KVEvents). Runs for every request of a kv_events pool: the lists
+    below are built only on the branch that needs them."""
+    total = 0.0
+    for s in states:
+        total += s.load
+    limit = bound_of(total, len(states), sat.epsilon)
+    keep = bound_of(total, len(states), sat.epsilon, sat.slack)  # what a holder of the prompt may carry
     # Saturated: the engine says so in a fresh scrape AND it carries more than the mean load now. A
     # scrape is up to scrape_interval_s old; alone it moved conversations off holders that had
     # drained since (each move a full prefill elsewhere and a copy of the prefix).
-    mean_now = sum(loads) / len(loads)
-    flagged = [s for s in states if signalled(s, sat)]
+    mean_now = total / len(states)
+    flagged = [s for s in states if (s.waiting is not None or s.kv_usage is not None) and signalled(s, sat)]
     # Every engine reports a queue or a full cache: moving the request shortens no queue, and a
     # cached prefix still saves its prefill, so only the load bound applies.
-    everyone_busy = len(flagged) == len(states)
-    busy = {s.name for s in flagged if s.load > mean_now}
+    busy = frozenset() if len(flagged) == len(states) else frozenset(s.name for s in flagged if s.load > mean_now)
 
     def room(s: EngineState, cap: float) -> bool:
-        return s.load + 1.0 <= cap and (everyone_busy or s.name not in busy)
+        return s.load + 1.0 <= cap and s.name not in busy
 
     matched: Mapping[str, int] = dict(cached.blocks) if cached is not None else {}
-    best = max((matched.get(s.name, 0) for s in states), default=0)
-    open_ = [s for s in states if room(s, limit)]
-    least = min(open_ or states, key=lambda s: (s.load, -matched.get(s.name, 0), s.name))
-    rank = {name: i for i, name in enumerate(hashed)}
-    if best > 0 and hot:
-        # A hot conversation is worth a copy on every backend it needs: its requests go to the least
-        # loaded backend holding all but at most one block of its prefix, under the plain bound (no
-        # slack), so its traffic evens the load; past that bound it spills and the copy it makes is
-        # reused by its next requests.
-        near = [s for s in states if matched.get(s.name, 0) >= best - 1 and room(s, limit)]
-        if near:
-            pick = min(near, key=lambda s: (s.load, -matched.get(s.name, 0), rank.get(s.name, len(rank)), s.name))
-            reason = "sticky"
-        elif open_:
-            pick = min(open_, key=lambda s: (-matched.get(s.name, 0), s.load, s.name))
-            reason = "spill"
+    best = max([matched.get(s.name, 0) for s in states]) if matched else 0
+    if best > 0:
+        rank = {name: i for i, name in enumerate(hashed)}
+        open_ = [s for s in states if room(s, limit)]
+        if hot:
+            # A hot conversation is worth a copy on every backend it needs: its requests go to the
+            # least loaded backend holding all but at most one block of its prefix, under the plain
+            # bound (no slack), so its traffic evens the load; past that bound it spills and the
+            # copy it makes is reused by its next requests.
+            near = [s for s in open_ if matched.get(s.name, 0) >= best - 1]
+            if near:
+                pick = min(near, key=lambda s: (s.load, -matched.get(s.name, 0), rank.get(s.name, len(rank)), s.name))
+                return _choice(pick.name, "sticky", states, matched, cached)
         else:
-            pick, reason = least, "spill"
-    elif best > 0:
-        # Of the backends with room holding the longest prefix, the first in the conversation's hash
-        # order (its home), then the least loaded: a conversation that spilled once goes back home
-        # while there is room, and the copy elsewhere ages out instead of being kept warm by turns
-        # that alternate between the two.
-        holders = [s for s in states if matched.get(s.name, 0) == best and room(s, keep)]
-        if holders:
-            home = min(holders, key=lambda s: (rank.get(s.name, len(rank)), s.load, s.name))
-            pick, reason = home, "sticky"
-        elif open_:
+            # Of the backends with room holding the longest prefix, the first in the conversation's
+            # hash order (its home), then the least loaded: a conversation that spilled once goes
+            # back home while there is room, and the copy elsewhere ages out instead of being kept
+            # warm by turns that alternate between the two.
+            holders = [s for s in states if matched.get(s.name, 0) == best and room(s, keep)]
+            if holders:
+                home = min(holders, key=lambda s: (rank.get(s.name, len(rank)), s.load, s.name))
+                return _choice(home.name, "sticky", states, matched, cached)
+        if open_:
             # The holders are saturated: of those with room, the one holding the most of the prompt
             # (a partial holder still saves its blocks' prefill), then the least loaded.
             pick = min(open_, key=lambda s: (-matched.get(s.name, 0), s.load, s.name))
-            reason = "spill"
-        else:
-            pick, reason = least, "spill"
-    elif hashed:
+            return _choice(pick.name, "spill", states, matched, cached)
+        return _choice(_least(states, limit, room, matched), "spill", states, matched, cached)
+    if hashed:
         # No engine holds any of it (or its ids are not known): the conversation's hash home, which
         # every replica computes alike, so that replicas agree on a new conversation's home and a
         # replica that has not seen the conversation guesses where the others sent it. Ids not known
@@ -174,18 +168,38 @@ def choose(
         # mean a conversation that lives at its home: it keeps the holder's slack. The prompt's own
         # ids held nowhere mean a new or evicted conversation: no slack, so that new conversations
         # spread the load.
-        first = by_name[hashed[0]]
+        first = next(s for s in states if s.name == hashed[0])
         known = cached is not None and cached.whole
-        pick, reason = (first, "hash") if room(first, limit if known else keep) else (least, "spill")
-    else:
-        pick, reason = least, "least_load"
-    return KVChoice(pick.name, reason, _explain(pick.name, reason, states, matched, cached))
+        if room(first, limit if known else keep):
+            return _choice(first.name, "hash", states, matched, cached)
+        return _choice(_least(states, limit, room, matched), "spill", states, matched, cached)
+    return _choice(_least(states, limit, room, matched), "least_load", states, matched, cached)
+
+
+def bound_of(total: float, n: int, epsilon: float, slack: int = 0) -> float:
+    """bound() from the loads' sum and count."""
+    mean = (total + 1.0) / n
+    return max(math.ceil((1.0 + epsilon) * mean), mean + slack)
+
+
+def _least(
+    states: Sequence[EngineState], limit: float, room: Callable[[EngineState, float], bool], matched: Mapping[str, int]
+) -> str:
+    """The least loaded backend with room (of all when none has), then the one holding the most."""
+    open_ = [s for s in states if room(s, limit)]
+    return min(open_ or states, key=lambda s: (s.load, -matched.get(s.name, 0), s.name)).name
+
+
+def _choice(
+    pick: str, reason: str, states: Sequence[EngineState], matched: Mapping[str, int], cached: CachedPrefix | None
+) -> KVChoice:
+    return KVChoice(pick, reason, _explain(pick, reason, states, matched, cached))
 
 
 def _explain(
     pick: str, reason: str, states: Sequence[EngineState], matched: Mapping[str, int], cached: CachedPrefix | None
 ) -> str:
-    blocks = ",".join(f"{s.name}:{matched.get(s.name, 0)}" for s in states)
-    loads = ",".join(f"{s.name}:{s.load:g}" for s in states)
+    blocks = ",".join([f"{s.name}:{matched.get(s.name, 0)}" for s in states])
+    loads = ",".join([f"{s.name}:{s.load:g}" for s in states])
     total = cached.prompt_blocks if cached is not None else 0
     return f"kv_events {reason} {pick}; blocks {blocks} of {total}; load {loads}"

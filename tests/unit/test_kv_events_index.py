@@ -22,7 +22,7 @@ from gateway.fleet.kvevents.decode import (
     decode_batch,
 )
 from gateway.fleet.kvevents.index import EngineIndex
-from gateway.policy.blockkeys import chain_keys
+from gateway.policy.blockkeys import chain_keys, packed
 
 pytestmark = pytest.mark.unit
 
@@ -159,7 +159,7 @@ def test_evictions_and_clears_shrink_the_index(engine: str) -> None:
 
 
 def _stored(hashes: list[int], tokens: list[int], parent: int | None = None, **extra: Any) -> BlockStored:
-    return BlockStored(tuple(hashes), parent, tuple(tokens), 4, **extra)
+    return BlockStored(tuple(hashes), parent, packed(tokens), 4, **extra)
 
 
 def _batch(*events: BlockStored | BlockRemoved | AllBlocksCleared) -> EventBatch:

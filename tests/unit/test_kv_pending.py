@@ -8,6 +8,7 @@ import pytest
 from gateway.config_loader import parse_config
 from gateway.fleet.kvevents.decode import BlockStored, EventBatch
 from gateway.fleet.kvevents.fleet import MAX_PENDING, PENDING_S, KVEventFleet
+from gateway.policy.blockkeys import packed
 
 pytestmark = pytest.mark.unit
 
@@ -32,7 +33,7 @@ def fleet() -> KVEventFleet:
     )
     made = KVEventFleet(config)
     for sub in made.subscribers.values():  # one event each tells the index the block size (4)
-        sub.index.apply(EventBatch(0.0, (BlockStored((1,), None, (1, 2, 3, 4), 4),)))
+        sub.index.apply(EventBatch(0.0, (BlockStored((1,), None, packed([1, 2, 3, 4]), 4),)))
     return made
 
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
 import msgpack
 
-from gateway.policy.blockkeys import TOKEN_TYPE
+from gateway.policy.blockkeys import TOKEN_TYPE, unpacked
 from gateway.value import value
 
 BlockHash = int | bytes
@@ -44,7 +44,9 @@ class EventDecodeError(ValueError):
 class BlockStored:
     block_hashes: tuple[BlockHash, ...]
     parent_block_hash: BlockHash | None
-    token_ids: tuple[int, ...]
+    tokens: bytes
+    """The blocks' token ids, packed as blockkeys.TOKEN_TYPE (blockkeys.packed): what the block keys
+    hash, so each block's slice is hashed as it is."""
     block_size: int
     lora_name: str | None = None
     cache_salt: str | None = None
@@ -54,6 +56,10 @@ class BlockStored:
     salt (first block only), prompt-embedding digests; None where a block has none."""
     kind: str | None = None
     """The KV cache group's kind (vLLM's kv_cache_spec_kind); None when the engine does not say."""
+
+    @property
+    def token_ids(self) -> tuple[int, ...]:
+        return tuple(unpacked(self.tokens))
 
 
 @value
@@ -84,24 +90,31 @@ def decode_batch(payload: bytes, engine: str = "vllm") -> EventBatch:
         raw = msgpack.unpackb(payload, raw=False, strict_map_key=False)
     except (ValueError, msgpack.UnpackException) as exc:
         raise EventDecodeError(f"not msgpack: {exc}") from None
-    if isinstance(raw, Mapping):
+    # msgpack gives plain dicts and lists: exact type checks, not the ABCs' (several times slower,
+    # and a batch is decoded for every engine step on the event loop).
+    if type(raw) is dict:
         ts, events, rank = raw.get("ts"), raw.get("events"), raw.get("data_parallel_rank", raw.get("attn_dp_rank"))
-    elif isinstance(raw, list) and len(raw) >= 2:
+    elif type(raw) is list and len(raw) >= 2:
         ts, events, rank = raw[0], raw[1], raw[2] if len(raw) > 2 else None
     else:
         raise EventDecodeError("an EventBatch is [ts, events, rank]")
-    if not isinstance(ts, int | float) or not isinstance(events, list):
+    if not isinstance(ts, (int, float)) or type(events) is not list:
         raise EventDecodeError("an EventBatch is [ts, events, rank]")
     fields = STORED_FIELDS.get(engine, STORED_FIELDS["vllm"])
-    decoded = tuple(e for item in events if (e := decode_event(item, fields)) is not None)
-    return EventBatch(float(ts), decoded, rank if isinstance(rank, int) else None)
+    decoded = []
+    for item in events:
+        event = decode_event(item, fields)
+        if event is not None:
+            decoded.append(event)
+    return EventBatch(float(ts), tuple(decoded), rank if type(rank) is int else None)
 
 
 def decode_event(item: Any, stored_fields: Sequence[str] = STORED_FIELDS["vllm"]) -> KVEvent | None:
     """One event, or None for a type this gateway does not use."""
-    if isinstance(item, Mapping):
+    fields: Mapping[str, Any]
+    if type(item) is dict:
         tag, fields = item.get("type"), item
-    elif isinstance(item, list) and item and isinstance(item[0], str):
+    elif type(item) is list and item and type(item[0]) is str:
         tag = item[0]
         names = stored_fields if tag == "BlockStored" else REMOVED_FIELDS
         fields = dict(zip(names, item[1:], strict=False))
@@ -119,25 +132,25 @@ def decode_event(item: Any, stored_fields: Sequence[str] = STORED_FIELDS["vllm"]
 def _stored(fields: Mapping[str, Any]) -> BlockStored:
     tokens = fields.get("token_ids")
     size = fields.get("block_size")
-    if not isinstance(tokens, list):
+    if type(tokens) is not list:
         raise EventDecodeError("BlockStored.token_ids must be a list of token ids")
     try:  # one C call checks every id (a per-id isinstance was most of a batch's decoding)
-        array(TOKEN_TYPE, tokens)
+        packed = array(TOKEN_TYPE, tokens).tobytes()
     except (TypeError, OverflowError):
         raise EventDecodeError("BlockStored.token_ids must be token ids (ints from 0 to 2**32 - 1)") from None
-    if not isinstance(size, int) or size < 1:
+    if type(size) is not int or size < 1:
         raise EventDecodeError("BlockStored.block_size must be a positive int")
     parent = fields.get("parent_block_hash")
     extra = fields.get("extra_keys")
     return BlockStored(
         block_hashes=_hashes(fields.get("block_hashes")),
         parent_block_hash=_hash(parent) if parent is not None else None,
-        token_ids=tuple(tokens),
+        tokens=packed,
         block_size=size,
         lora_name=_str(fields.get("lora_name")),
         cache_salt=_str(fields.get("cache_salt")),
         medium=_str(fields.get("medium")),
-        extra_keys=tuple(_frozen(e) for e in extra) if isinstance(extra, list) else None,
+        extra_keys=tuple(_frozen(e) for e in extra) if type(extra) is list else None,
         kind=_str(fields.get("kv_cache_spec_kind")),
     )
 
@@ -148,14 +161,19 @@ def _hash(h: Any) -> BlockHash:
     return h
 
 
+HASH_TYPES: Final = frozenset({int, bytes})
+
+
 def _hashes(items: Any) -> tuple[BlockHash, ...]:
-    if not isinstance(items, list):
+    if type(items) is not list:
         raise EventDecodeError("block_hashes must be a list")
-    return tuple(_hash(h) for h in items)
+    if not HASH_TYPES.issuperset(map(type, items)):  # one C pass; a bool is not an int here
+        raise EventDecodeError("a block hash is an int or bytes")
+    return tuple(items)
 
 
 def _str(v: Any) -> str | None:
-    return v if isinstance(v, str) else None
+    return v if type(v) is str else None
 
 
 def _frozen(v: Any) -> Any:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gateway.fleet.kvevents.decode import AllBlocksCleared, BlockHash, BlockRemoved, BlockStored, EventBatch
-from gateway.policy.blockkeys import chain_keys, next_key, root_key
+from gateway.policy.blockkeys import BYTES_PER_TOKEN, chain_keys, next_key, root_key
 
 INDEXED_MEDIA = frozenset({None, "GPU"})
 """The device tier only: blocks an offloading connector moved to CPU or storage are slower to load
@@ -72,9 +72,10 @@ class EngineIndex:
         if not hashes:
             return
         size = event.block_size
-        if len(event.token_ids) != size * len(hashes):
+        count = len(event.tokens) // BYTES_PER_TOKEN
+        if count != size * len(hashes):
             # An engine whose pages are not the block size it reports: the tokens split evenly.
-            size = len(event.token_ids) // len(hashes)
+            size = count // len(hashes)
             if size < 1:
                 return
         self.block_size = size
@@ -88,12 +89,14 @@ class EngineIndex:
                 self.unchained += len(hashes)
                 return
             key = found
-        tokens = event.token_ids
+        tokens, step = event.tokens, size * BYTES_PER_TOKEN
         for i, engine_hash in enumerate(hashes):
-            extra = _opaque(
-                extras[i] if i < len(extras) else None, event.lora_name, i == 0 and event.parent_block_hash is None
+            extra = (
+                _opaque(extras[i], event.lora_name, i == 0 and event.parent_block_hash is None)
+                if i < len(extras)
+                else b""
             )
-            key = next_key(key, tokens[i * size : (i + 1) * size], extra)
+            key = next_key(key, tokens[i * step : (i + 1) * step], extra)
             old = self._by_hash.get(engine_hash)
             if old == key:
                 continue  # a re-report of a block already held (vLLM reports prefix-cache reuse)
