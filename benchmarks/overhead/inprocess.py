@@ -3,7 +3,7 @@ directly and the upstream client answers from memory (the run's static bodies). 
 to compare two commits in a few seconds, and to profile the gateway's code alone.
 
 PYTHONPATH=TREE python3 benchmarks/overhead/inprocess.py [--requests N] [--stream] [--profile FILE] [--trace R]
-PYTHONPATH=. python3 benchmarks/overhead/inprocess.py --balancer kv_events --backends 2 [--distinct [--walk]] [--no-feed]
+PYTHONPATH=. python3 benchmarks/overhead/inprocess.py --balancer kv_events --backends 2 [--distinct [--walk]|--no-feed]
 
 It prints CPU µs per request (the best of --repeat runs). --trace R: tracing on, sampling a share R
 of the requests, exporting to otlp_sink.py in a process of its own (the exporter's thread is this
