@@ -215,6 +215,8 @@ class RunResult:
     every 0.1 s during the run, whatever the policy."""
     prompt_ids: dict[str, float] = field(default_factory=dict)
     """kv_events: where the requests' ids for the match came from (gateway_kv_events_prompt_ids_total)."""
+    ttft_p90_runs_s: list[float] = field(default_factory=list)
+    """With --repeat: each repeat's own TTFT p90 (the row's figures pool every repeat's requests)."""
 
     def ttft(self, q: float) -> float | None:
         if not self.ttft_s:
@@ -268,6 +270,50 @@ class InFlightSampler:
 
     def peaks(self, names: Sequence[str]) -> dict[str, int]:
         return {n: self._peaks[n] for n in names}
+
+
+def pooled(runs: Sequence[RunResult]) -> RunResult:
+    """One row from a policy's repeats: counts summed, TTFTs and traces pooled (each trace entry
+    tagged with its repeat), in-flight means averaged and peaks maxed, CPU per request averaged;
+    each repeat's own TTFT p90 kept, for the noise."""
+    if len(runs) == 1:
+        return runs[0]
+    out = RunResult(runs[0].label, gateways=runs[0].gateways)
+    for n, r in enumerate(runs):
+        out.hits += r.hits
+        out.queries += r.queries
+        out.usage_cached += r.usage_cached
+        out.usage_prompt += r.usage_prompt
+        out.requests += r.requests
+        out.errors += r.errors
+        out.seconds += r.seconds
+        out.switches += r.switches
+        out.forgone_blocks += r.forgone_blocks
+        out.ttft_s += r.ttft_s
+        out.trace += [{**t, "repeat": n} for t in r.trace]
+        out.final_prompt_tokens = r.final_prompt_tokens
+        out.conversations_per_backend = r.conversations_per_backend
+        for into, add in ((out.per_backend, r.per_backend), (out.reasons, r.reasons), (out.prompt_ids, r.prompt_ids)):
+            for k, v in add.items():
+                into[k] = into.get(k, 0) + v  # type: ignore[assignment]
+        for k, v in r.peak_in_flight.items():
+            out.peak_in_flight[k] = max(out.peak_in_flight.get(k, 0), v)
+        p90 = r.ttft(0.9)
+        if p90 is not None:
+            out.ttft_p90_runs_s.append(p90)
+    out.mean_in_flight = {
+        k: sum(r.mean_in_flight.get(k, 0.0) for r in runs) / len(runs) for k in runs[0].mean_in_flight
+    }
+    cpu = [r.gateway_cpu_ms for r in runs if r.gateway_cpu_ms is not None]
+    out.gateway_cpu_ms = sum(cpu) / len(cpu) if cpu else None
+    if all(r.predicted_cached is not None and r.served_cached is not None for r in runs):
+        out.predicted_cached = sum(r.predicted_cached or 0.0 for r in runs)
+        out.served_cached = sum(r.served_cached or 0.0 for r in runs)
+    tok50 = sorted(r.tokenize_p50_s for r in runs if r.tokenize_p50_s is not None)
+    tok90 = sorted(r.tokenize_p90_s for r in runs if r.tokenize_p90_s is not None)
+    out.tokenize_p50_s = tok50[len(tok50) // 2] if tok50 else None
+    out.tokenize_p90_s = tok90[len(tok90) // 2] if tok90 else None
+    return out
 
 
 def cpu_seconds(tid: int, pid: int | str = "self") -> float:
@@ -618,7 +664,7 @@ def _fmt(value: float | None, spec: str) -> str:
 def table(results: dict[tuple[str, int], RunResult]) -> str:
     rows = [
         "| policy | concurrency | hit rate | ratio to oracle | max/mean in-flight | peak in-flight "
-        "| TTFT p50 s | TTFT p90 s | requests per replica | max/mean requests | balancer reasons "
+        "| TTFT p50 s | TTFT p90 s (each repeat's) | requests per replica | max/mean requests | balancer reasons "
         "| turns that changed replica | predicted / served cached tokens | gateway CPU ms/request "
         "| /tokenize under load p50 / p90 ms | seconds |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -632,12 +678,15 @@ def table(results: dict[tuple[str, int], RunResult]) -> str:
         predicted = "-"
         if r.predicted_cached is not None and r.served_cached is not None:
             predicted = f"{r.predicted_cached:.0f} / {r.served_cached:.0f} ({r.forgone_blocks} blocks forgone)"
+        spread = ""
+        if r.ttft_p90_runs_s:
+            spread = f" ({min(r.ttft_p90_runs_s):.3f} to {max(r.ttft_p90_runs_s):.3f})"
         tokenize = "-"
         if r.tokenize_p50_s is not None and r.tokenize_p90_s is not None:
             tokenize = f"{r.tokenize_p50_s * 1000:.1f} / {r.tokenize_p90_s * 1000:.1f}"
         rows.append(
             f"| {name} | {conc} | {r.hit_rate:.3f} | {_fmt(_ratio(results, label, conc), '.2f')} "
-            f"| {_fmt(r.imbalance, '.2f')} | {peaks} | {_fmt(r.ttft(0.5), '.3f')} | {_fmt(r.ttft(0.9), '.3f')} "
+            f"| {_fmt(r.imbalance, '.2f')} | {peaks} | {_fmt(r.ttft(0.5), '.3f')} | {_fmt(r.ttft(0.9), '.3f')}{spread} "
             f"| {per} | {share} | {reasons} | {r.switches} | {predicted} | {_fmt(r.gateway_cpu_ms, '.2f')} "
             f"| {tokenize} | {r.seconds:.1f} |"
         )
@@ -796,6 +845,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--skew", choices=("none", "zipf"), default="none", help="how requests pick a conversation")
     p.add_argument("--zipf-s", type=float, default=Workload.zipf_s, help="zipf: the exponent")
     p.add_argument("--requests", type=int, default=0, help="zipf: requests in all (default 8 x conversations)")
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run every policy this many times at each concurrency, the order rotated each time; a row pools "
+        "its repeats (the TTFT quantiles over every repeat's requests, each repeat's p90 beside them)",
+    )
+    p.add_argument(
+        "--no-warmup",
+        dest="warmup",
+        action="store_false",
+        help="skip the unmeasured pass of the workload, straight to the replicas, before each concurrency's runs",
+    )
     p.add_argument("--json", type=Path, help="also write the rows (one per policy and concurrency) here")
     p.add_argument(
         "--no-pin",
@@ -885,27 +947,51 @@ def main(argv: Sequence[str] | None = None) -> int:
                 flush=True,
             )
         for conc in levels:
-            for policy in gateway_policies:
-                # prefix_affinity@1.0: with affinity_epsilon 1.0; kv_events@0.2+0: kv_epsilon 0.2, kv_slack 0;
-                # kv_events:engine: the prompts' ids asked of the engines, not encoded by the gateway
-                named, _, variant = policy.partition(":")
-                balancer, _, tuning = named.partition("@")
-                eps, _, slack = tuning.partition("+")
-                epsilon = float(eps) if eps else args.epsilon
-                tokenizer = None if variant == "engine" else servers.engine_env()["TINY_HF_DIR"]
-                r = results[(policy, conc)] = run_gateway_policy(
-                    balancer, pair, w, conc, epsilon, args.gateways, events, int(slack) if slack else None, tokenizer
-                )
-                print(
-                    f"c={conc} {policy}: hit rate {r.hit_rate:.3f}, TTFT p90 {_fmt(r.ttft(0.9), '.3f')} s "
-                    f"in {r.seconds:.1f} s",
-                    flush=True,
-                )
-            if want_oracle:
-                o = started[2]
-                reset_prefix_cache(o.base_url)
-                r = results[(ORACLE, conc)] = drive(ORACLE, [o.v1_url], [o.metrics_url], w, conc)
-                print(f"c={conc} oracle: hit rate {r.hit_rate:.3f} in {r.seconds:.1f} s", flush=True)
+            if args.warmup:  # the engines' first batches of this size are slow: outside every policy's figures
+                for s in started:
+                    reset_prefix_cache(s.base_url)
+                warm = drive("warm-up", [s.v1_url for s in pair], [s.metrics_url for s in pair], w, conc)
+                print(f"c={conc} warm-up (unmeasured, straight to the pair) in {warm.seconds:.1f} s", flush=True)
+                if want_oracle:
+                    drive("warm-up", [started[2].v1_url], [started[2].metrics_url], w, conc)
+            runs: dict[str, list[RunResult]] = {policy: [] for policy in policies}
+            for rep in range(args.repeat):
+                # rotated, so that no policy always runs first (or right after another one)
+                for policy in (
+                    gateway_policies[rep % len(gateway_policies) :] + gateway_policies[: rep % len(gateway_policies)]
+                ):
+                    # prefix_affinity@1.0: with affinity_epsilon 1.0; kv_events@0.2+0: kv_epsilon 0.2, kv_slack 0;
+                    # kv_events:engine: the prompts' ids asked of the engines, not encoded by the gateway
+                    named, _, variant = policy.partition(":")
+                    balancer, _, tuning = named.partition("@")
+                    eps, _, slack = tuning.partition("+")
+                    epsilon = float(eps) if eps else args.epsilon
+                    tokenizer = None if variant == "engine" else servers.engine_env()["TINY_HF_DIR"]
+                    r = run_gateway_policy(
+                        balancer,
+                        pair,
+                        w,
+                        conc,
+                        epsilon,
+                        args.gateways,
+                        events,
+                        int(slack) if slack else None,
+                        tokenizer,
+                    )
+                    runs[policy].append(r)
+                    print(
+                        f"c={conc} {policy}: hit rate {r.hit_rate:.3f}, TTFT p90 {_fmt(r.ttft(0.9), '.3f')} s "
+                        f"in {r.seconds:.1f} s",
+                        flush=True,
+                    )
+                if want_oracle:
+                    o = started[2]
+                    reset_prefix_cache(o.base_url)
+                    r = drive(ORACLE, [o.v1_url], [o.metrics_url], w, conc)
+                    runs[ORACLE].append(r)
+                    print(f"c={conc} oracle: hit rate {r.hit_rate:.3f} in {r.seconds:.1f} s", flush=True)
+            for policy in policies:
+                results[(policy, conc)] = pooled(runs[policy])
     if zipf_distinct is not None:
         distinct, used = zipf_distinct
         size = f"~{distinct} in the {used} conversations the schedule uses"

@@ -138,19 +138,21 @@ class ChatTokenizer:
             return None
         return prompt, True
 
-    def encode_chat(self, text: str) -> tuple[list[int], Cut | None]:
+    def encode_chat(self, text: str, release: bool = False) -> tuple[list[int], Cut | None]:
         """A chat text's ids (no special tokens added) and its cut (None: no special token in it)."""
-        ids = self.encode(text, False)
+        ids = self.encode(text, False, release=release)
         return ids, self._cut(text, ids, 0, 0)
 
-    def resume(self, text: str, ids: Sequence[int], cut: Cut) -> tuple[list[int], Cut | None] | None:
+    def resume(
+        self, text: str, ids: Sequence[int], cut: Cut, release: bool = False
+    ) -> tuple[list[int], Cut | None] | None:
         """encode_chat(text) from an earlier prompt's `ids` and `cut`, encoding only what follows the
         cut: the same ids, because the tokenizer encodes the pieces between special tokens apart.
         None when `text` does not start with the earlier prompt's text up to the cut (the template
         rendered its earlier messages differently)."""
         if len(text) < cut.chars or text_digest(text[: cut.chars]) != cut.digest:
             return None
-        rest = self.encode(text[cut.chars :], False)
+        rest = self.encode(text[cut.chars :], False, release=release)
         return [*ids[: cut.tokens], *rest], self._cut(text, rest, cut.chars, cut.tokens) or cut
 
     def _cut(self, text: str, ids: Sequence[int], chars: int, tokens: int) -> Cut | None:
@@ -165,8 +167,15 @@ class ChatTokenizer:
             return None
         return Cut(end, tokens + last + 1, text_digest(text[:end]))
 
-    def encode(self, text: str, special: bool) -> list[int]:
-        """`text`'s token ids; `special`: with the tokenizer's own special tokens (a plain prompt)."""
+    def encode(self, text: str, special: bool, release: bool = False) -> list[int]:
+        """`text`'s token ids; `special`: with the tokenizer's own special tokens (a plain prompt).
+        `release`: let other threads run meanwhile (a worker thread's encode); `tokenizers` holds
+        the GIL through `encode` and releases it only in `encode_batch`, which costs the same for
+        one text. On the event loop's thread it is held: the encode is short there, and a release
+        could wait a whole switch interval to get the GIL back."""
+        if release:
+            batch: list[int] = self._encoder.encode_batch([text], add_special_tokens=special)[0].ids
+            return batch
         ids: list[int] = self._encoder.encode(text, add_special_tokens=special).ids
         return ids
 

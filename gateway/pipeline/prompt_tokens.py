@@ -38,6 +38,7 @@ import itertools
 import logging
 from collections import Counter
 from collections.abc import Callable, Coroutine, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final
 
 from gateway.config import GatewayConfig, RouteConfig
@@ -62,17 +63,26 @@ INLINE_CHARS: Final = 8192
 """A prompt with up to this many characters to encode (its whole text, or what follows an earlier
 turn's cut) is encoded by the pool's tokenizer before routing, on the event loop: ~0.4 ms for the
 1,900 characters of the affinity benchmark's prompts with the test model's tokenizer
-(docs/routing.md). More is encoded in a worker thread (the encoder releases the GIL) for the
+(docs/routing.md). More is encoded in a worker thread (with the GIL released) for the
 requests after it, so the loop never waits on an agent's 100,000 characters."""
 VERIFY_FIRST: Final = 4
 VERIFY_EVERY: Final = 64
 """A pool's first VERIFY_FIRST prompts encoded from an earlier prompt's cut, and one in
-VERIFY_EVERY after, are also encoded whole in a worker thread and compared: one difference and its
+VERIFY_EVERY after, are also encoded whole in the worker thread and compared: one difference and its
 prompts are encoded whole from then on (a tokenizer whose normalizer treats a text's start apart)."""
 CHECK_FIRST: Final = 4
 CHECK_EVERY: Final = 256
 """The pool's tokenizer's first CHECK_FIRST prompts, and one in CHECK_EVERY after, are also asked
 of the engine (in the background) and compared."""
+CHECK_POLL_S: Final = 0.25
+CHECK_WAIT_S: Final = 10.0
+"""A check or a verification waits for a quiet moment: one of the pool's event-streaming backends
+with nothing in flight from this gateway (looked for every CHECK_POLL_S; a check asks that one),
+or CHECK_WAIT_S, whichever comes first. A gateway's first prompts come in its first burst, and
+checked then they slowed it: a check's tokenize call is a template render and an encode on an
+engine's API server that is taking the burst in (a request that misses an engine step waits a
+whole step), and a verification's encode in the worker thread takes the GIL and a core from the
+requests. Both only guard routing quality (ids that disagree match nothing), so they can wait."""
 
 
 @value
@@ -118,6 +128,15 @@ class PromptTokens:
         """The pools whose prompts are encoded from the cut of an earlier prompt (while that gives
         the ids that encoding them whole gives)."""
         self._resumed: Counter[str] = Counter()
+        self._thread: ThreadPoolExecutor | None = None
+        """The one worker thread for long prompts' encodes and the resumed encodings' checks, started
+        with the gateway when a pool has a tokenizer: a thread started on the request path (as the
+        loop's default executor does, lazily) blocks the event loop until the OS first runs it,
+        which on an engine-loaded host is milliseconds of every request's time. One thread also
+        bounds what this background work takes from the engines' cores."""
+        if self._local:
+            self._thread = ThreadPoolExecutor(1, thread_name_prefix="gateway-encode")
+            self._thread.submit(int).result()  # started now, not on a request
 
     def wanted(self, route: RouteConfig) -> bool:
         return any(pool in self._pools for pool in route.pools)
@@ -151,12 +170,14 @@ class PromptTokens:
                 self._count("resumed" if resumed else "local")
                 return PromptIds(ids, True)
             self._learn(asked, self._encode(asked, local, text, start))
-        self._learn(asked, None)  # no-op when the tokenizer's thread took it
+        self._learn(asked, None)  # no-op when the tokenizer took it
         if messages is not None:
             system = _system_run(messages)
             if 0 < system < len(keys) and self.memo.get(keys[system - 1]) is None:
                 run = messages[:system]
-                self._learn(Asked(route, model, {"messages": run}, run, None, keys[system - 1]), None)
+                lead = Asked(route, model, {"messages": run}, run, None, keys[system - 1])
+                run_text = local[1].prompt_text(lead.view) if local is not None else None
+                self._learn(lead, self._encode(lead, local, run_text, None) if local and run_text else None)
         earlier = self.memo.longest(keys[:-1])
         self._count("prefix" if earlier is not None else "none")
         return PromptIds(earlier, False) if earlier is not None else None
@@ -193,36 +214,47 @@ class PromptTokens:
         self.memo.put(asked.key, ids, cut)
         self._check(asked, pool, ids)
         if resumed:
-            self._verify(pool, tokenizer, text[0], ids)
+            self._verify(asked, pool, tokenizer, text[0], ids)
         return ids, resumed
 
     async def _encode(
         self, asked: Asked, local: tuple[str, ChatTokenizer], text: tuple[str, bool], earlier: Resumable | None
     ) -> None:
-        """A long prompt's ids from the pool's tokenizer, in a worker thread (the encoder releases
-        the GIL), for the requests after it."""
+        """A prompt's ids from the pool's tokenizer, for the requests after it: in the worker thread
+        (the GIL released while it encodes) when more than INLINE_CHARS are to be encoded, else on
+        the event loop once the request that brought it is on its way (a leading run of system
+        messages, learnt beside a prompt too long to encode before routing)."""
         pool, tokenizer = local
-        encode: Callable[[], tuple[list[int], Cut | None, bool]] = lambda: _encoded(tokenizer, text, earlier)  # noqa: E731
         try:
-            ids, cut, resumed = await asyncio.get_running_loop().run_in_executor(None, encode)
+            if len(text[0]) - (earlier[1].chars if earlier is not None else 0) <= INLINE_CHARS:
+                await asyncio.sleep(0)
+                ids, cut, resumed = _encoded(tokenizer, text, earlier)
+            else:
+                encode: Callable[[], tuple[list[int], Cut | None, bool]] = lambda: _encoded(  # noqa: E731
+                    tokenizer, text, earlier, True
+                )
+                ids, cut, resumed = await asyncio.get_running_loop().run_in_executor(self._thread, encode)
             self.memo.put(asked.key, ids, cut)
             self._check(asked, pool, ids)
             if resumed:
-                self._verify(pool, tokenizer, text[0], ids)
+                self._verify(asked, pool, tokenizer, text[0], ids)
         finally:
             self._asking.discard(asked.key)
 
-    def _verify(self, pool: str, tokenizer: ChatTokenizer, text: str, ids: list[int]) -> None:
+    def _verify(self, asked: Asked, pool: str, tokenizer: ChatTokenizer, text: str, ids: list[int]) -> None:
         """The first VERIFY_FIRST resumed encodings of a pool, and one in VERIFY_EVERY after, are
-        encoded whole too (in a worker thread) and compared."""
+        encoded whole too (in the worker thread, at a quiet moment) and compared."""
         n = self._resumed[pool]
         self._resumed[pool] = n + 1
         if n < VERIFY_FIRST or n % VERIFY_EVERY == 0:
-            self._start(self._compare_whole(pool, tokenizer, text, ids))
+            self._start(self._compare_whole(asked.route, pool, tokenizer, text, ids))
 
-    async def _compare_whole(self, pool: str, tokenizer: ChatTokenizer, text: str, ids: list[int]) -> None:
-        whole: Callable[[], list[int]] = lambda: tokenizer.encode_chat(text)[0]  # noqa: E731
-        if await asyncio.get_running_loop().run_in_executor(None, whole) == ids or pool not in self._resuming:
+    async def _compare_whole(
+        self, route: RouteConfig, pool: str, tokenizer: ChatTokenizer, text: str, ids: list[int]
+    ) -> None:
+        await self._quiet(route)
+        whole: Callable[[], list[int]] = lambda: tokenizer.encode_chat(text, release=True)[0]  # noqa: E731
+        if await asyncio.get_running_loop().run_in_executor(self._thread, whole) == ids or pool not in self._resuming:
             return
         self._resuming.discard(pool)
         self._count("resume_mismatch")
@@ -241,7 +273,7 @@ class PromptTokens:
             self._start(self._compare(asked, pool, ids))
 
     async def _compare(self, asked: Asked, pool: str, ids: list[int]) -> None:
-        engine = await self._call(asked)
+        engine = await self._call(asked, await self._quiet(asked.route))
         if engine is None or engine == ids:
             return
         tokenizer = self._local.pop(pool, None)
@@ -273,21 +305,39 @@ class PromptTokens:
         finally:
             self._asking.discard(asked.key)
 
-    def _backend(self, route: RouteConfig) -> Backend | None:
-        """The next of the route's event-streaming backends, in turn: no one engine answers every
-        gateway's tokenize calls."""
-        backends = [
+    def _backends(self, route: RouteConfig) -> list[Backend]:
+        """The route's healthy event-streaming backends."""
+        return [
             b
             for pool in route.pools
             if pool in self._pools
             for b in self._registry.pools.get(pool, ())
             if b.healthy and not b.retired and b.name in self._streaming
         ]
+
+    def _backend(self, route: RouteConfig) -> Backend | None:
+        """The next of the route's event-streaming backends, in turn: no one engine answers every
+        gateway's tokenize calls."""
+        backends = self._backends(route)
         return backends[next(self._turn) % len(backends)] if backends else None
 
-    async def _call(self, asked: Asked) -> list[int] | None:
-        """The engine's ids for the prompt (one of the route's event-streaming backends, in turn)."""
-        backend = self._backend(asked.route)
+    async def _quiet(self, route: RouteConfig) -> Backend | None:
+        """One of the route's event-streaming backends with nothing in flight from this gateway,
+        waited for (CHECK_WAIT_S); then the least loaded (None: none is healthy)."""
+        deadline = asyncio.get_running_loop().time() + CHECK_WAIT_S
+        while True:
+            backends = self._backends(route)
+            idle = [b for b in backends if b.in_flight + b.decided == 0]
+            if idle:
+                return idle[next(self._turn) % len(idle)]
+            if asyncio.get_running_loop().time() >= deadline:
+                return min(backends, key=lambda b: b.in_flight + b.decided, default=None)
+            await asyncio.sleep(CHECK_POLL_S)
+
+    async def _call(self, asked: Asked, backend: Backend | None = None) -> list[int] | None:
+        """The engine's ids for the prompt: of `backend`, else of the route's event-streaming
+        backends in turn."""
+        backend = backend or self._backend(asked.route)
         if backend is None:
             return None
         name = backend.model or (backend.names[0] if backend.names else asked.model)
@@ -316,21 +366,24 @@ class PromptTokens:
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
+        if self._thread is not None:
+            self._thread.shutdown(wait=False, cancel_futures=True)
 
 
 def _encoded(
-    tokenizer: ChatTokenizer, text: tuple[str, bool], earlier: Resumable | None
+    tokenizer: ChatTokenizer, text: tuple[str, bool], earlier: Resumable | None, release: bool = False
 ) -> tuple[list[int], Cut | None, bool]:
     """A prompt's ids, its cut, and whether they were resumed from `earlier` (an earlier prompt of
-    the conversation: its ids and cut)."""
+    the conversation: its ids and cut); `release`: in a worker thread, the GIL released while
+    encoding."""
     prompt, special = text
     if special:
-        return tokenizer.encode(prompt, True), None, False
+        return tokenizer.encode(prompt, True, release=release), None, False
     if earlier is not None:
-        resumed = tokenizer.resume(prompt, *earlier)
+        resumed = tokenizer.resume(prompt, *earlier, release=release)
         if resumed is not None:
             return resumed[0], resumed[1], True
-    ids, cut = tokenizer.encode_chat(prompt)
+    ids, cut = tokenizer.encode_chat(prompt, release=release)
     return ids, cut, False
 
 

@@ -1,9 +1,10 @@
 """Token ids for the kv_events match, through a real gateway in front of two simulated vLLMs (the
 simulator answers POST /tokenize; its KV-event sockets are never bound: the match needs the ids,
 not the events): a conversation's first turn is routed with none, while its ids and its system
-prompt's are asked in the background; its next turn is matched from the first turn's ids; the same
-state sent again needs no call; one prompt is asked once however many send it; the calls take the
-engines in turn."""
+prompt's are asked in the background (with the pool's tokenizer: encoded before routing); its next
+turn is matched from the first turn's ids (with the tokenizer: encoded from them);
+the same state sent again needs no call; one prompt is asked once however many send it; the calls
+take the engines in turn."""
 
 from __future__ import annotations
 
@@ -51,11 +52,13 @@ async def tokenized(tmp_path: Path) -> AsyncIterator[tuple[str, Gateway, list[Si
 
 
 @contextlib.asynccontextmanager
-async def serve(tokenizer: str | None = None) -> AsyncIterator[tuple[str, Gateway, list[SimServer]]]:
-    sims = [SimServer(sim_params()) for _ in range(2)]
+async def serve(
+    tokenizer: str | None = None, backends: int = 2, **sim: Any
+) -> AsyncIterator[tuple[str, Gateway, list[SimServer]]]:
+    sims = [SimServer(sim_params(**sim)) for _ in range(backends)]
     for sim in sims:
         await sim.start()
-    backends = [
+    entries = [
         {
             "url": s.base_url,
             "name": f"r{i}",
@@ -64,7 +67,7 @@ async def serve(tokenizer: str | None = None) -> AsyncIterator[tuple[str, Gatewa
         }
         for i, s in enumerate(sims)
     ]
-    pool: dict[str, Any] = {"engine": "sim", "flavour": "vllm", "balancer": "kv_events", "backends": backends}
+    pool: dict[str, Any] = {"engine": "sim", "flavour": "vllm", "balancer": "kv_events", "backends": entries}
     if tokenizer is not None:
         pool["tokenizer"] = tokenizer
     data: dict[str, Any] = {
@@ -158,9 +161,9 @@ async def test_the_pools_tokenizer_matches_before_routing_and_is_dropped_when_th
             await chat(TURN1)  # encoded here, whole: no earlier turn, no hash guess
             seen = sources(gw, names)
             assert (seen["local"], seen["none"], seen["prefix"], seen["remembered"]) == (1, 0, 0, 0)
-            # The first prompts are also asked of the engine (in the background, so that may have
-            # come back already): the simulator's ids differ, so the tokenizer is turned off and
-            # what the memo held from it is dropped.
+            # The first prompts are also asked of the engine (in the background, at a quiet moment):
+            # the simulator's ids differ, so the tokenizer is turned off and what the memo held from
+            # it is dropped.
             await wait_for_calls(sims, 1)
             async with asyncio.timeout(5):
                 while sources(gw, names)["mismatch"] < 1:
@@ -184,9 +187,9 @@ async def test_a_long_prompt_is_encoded_in_a_thread_for_the_next_request(
     assert r.status_code == 200, r.text
     names = ("none", "local")
     assert sources(gw, names) == {"none": 1, "local": 0}  # not encoded before routing
-    # Encoded off the loop by the tokenizer: only its ids are checked against the engine's (which
-    # differ here), and the prompt itself is not asked of the engine: the two /tokenize calls are
-    # that check and the system prompt's own ids.
+    # Encoded off the loop by the tokenizer, and so is its system prompt alone: neither is asked of
+    # the engine. The two /tokenize calls are the checks of those two encodings against the
+    # engine's ids (which differ here).
     async with asyncio.timeout(5):
         while not sources(gw, ("mismatch",))["mismatch"]:
             await asyncio.sleep(0.005)
@@ -204,12 +207,13 @@ async def test_a_next_turn_is_encoded_from_the_earlier_turns_ids(
     url, gw, _ = tokenized
     assert gw.tokens is not None
     monkeypatch.setattr(gw.tokens, "_check", lambda *args: None)  # the simulator's ids are not the tokenizer's
-    names = ("local", "resumed", "resume_mismatch")
+    names = ("none", "local", "resumed", "resume_mismatch")
     async with httpx.AsyncClient(base_url=url, timeout=10) as client:
         for turn in (TURN1, TURN2, TURN3):
             r = await client.post("/v1/chat/completions", json={"model": "tiny", "messages": turn, "max_tokens": 2})
             assert r.status_code == 200, r.text
-    assert sources(gw, names) == {"local": 1, "resumed": 2, "resume_mismatch": 0}
+    # The first turn encoded whole, each next turn from the turn before it: all before routing.
+    assert sources(gw, names) == {"none": 0, "local": 1, "resumed": 2, "resume_mismatch": 0}
     tokenizer = ChatTokenizer.load(str(Path(gw.config.pools["vllm"].tokenizer or "")))
     held = gw.tokens.memo.get(message_keys("tiny", TURN3)[-1])
     assert held is not None and list(held) == tokenizer.ids({"messages": TURN3})
@@ -225,8 +229,10 @@ async def test_a_tokenizer_that_encodes_pieces_differently_is_used_whole(
     monkeypatch.setattr(gw.tokens, "_check", lambda *args: None)
     resume = ChatTokenizer.resume
 
-    def off_by_one(self: ChatTokenizer, text: str, ids: Sequence[int], cut: Cut) -> tuple[list[int], Cut | None] | None:
-        got = resume(self, text, ids, cut)
+    def off_by_one(
+        self: ChatTokenizer, text: str, ids: Sequence[int], cut: Cut, release: bool = False
+    ) -> tuple[list[int], Cut | None] | None:
+        got = resume(self, text, ids, cut, release)
         return ([*got[0], 0], got[1]) if got is not None else None
 
     monkeypatch.setattr(ChatTokenizer, "resume", off_by_one)
@@ -247,6 +253,9 @@ async def test_a_tokenizer_that_encodes_pieces_differently_is_used_whole(
         await chat(TURN1)
         await chat(TURN2)  # whole now
     assert sources(gw, names) == {"local": 3, "resumed": 1, "resume_mismatch": 1}
+    whole = ChatTokenizer.load(str(Path(gw.config.pools["vllm"].tokenizer or ""))).ids({"messages": TURN2})
+    held = gw.tokens.memo.get(message_keys("tiny", TURN2)[-1])
+    assert held is not None and list(held) == whole
 
 
 async def settled(gw: Gateway) -> None:
@@ -255,3 +264,21 @@ async def settled(gw: Gateway) -> None:
     async with asyncio.timeout(5):
         while gw.tokens.busy():
             await asyncio.sleep(0.005)
+
+
+async def test_the_tokenizers_check_waits_until_the_engine_has_nothing_in_flight(tmp_path: Path) -> None:
+    """The check's tokenize call is not sent while the only engine streams the request it checks
+    (a gateway's first prompts come in a burst that engine is taking in), and is sent after."""
+    async with (
+        serve(str(write_model(tmp_path)), backends=1, base_step_s=0.05) as (url, gw, sims),
+        httpx.AsyncClient(base_url=url, timeout=10) as client,
+    ):
+        body = {"model": "tiny", "messages": TURN1, "max_tokens": 40, "ignore_eos": True}
+        reply = asyncio.create_task(client.post("/v1/chat/completions", json=body))  # ~2 s of tokens
+        async with asyncio.timeout(5):
+            while not sources(gw, ("local",))["local"]:
+                await asyncio.sleep(0.01)
+        await asyncio.sleep(0.6)  # a few of the check's looks for a quiet moment
+        assert not reply.done() and tokenize_calls(sims) == [0]
+        assert (await reply).status_code == 200
+        await wait_for_calls(sims, 1)  # the engine is quiet now: checked
