@@ -53,9 +53,9 @@ async def tokenized(tmp_path: Path) -> AsyncIterator[tuple[str, Gateway, list[Si
 
 @contextlib.asynccontextmanager
 async def serve(
-    tokenizer: str | None = None, backends: int = 2, **sim: Any
+    tokenizer: str | None = None, backends: int = 2, **params: Any
 ) -> AsyncIterator[tuple[str, Gateway, list[SimServer]]]:
-    sims = [SimServer(sim_params(**sim)) for _ in range(backends)]
+    sims = [SimServer(sim_params(**params)) for _ in range(backends)]
     for sim in sims:
         await sim.start()
     entries = [
