@@ -8,6 +8,10 @@
 
 `--gateways N` puts N gateways (same config, each its own routing memory and its own KV-event
 subscriptions) over the same replicas, the client alternating between them request by request.
+`--repeat R` runs every policy R times at each concurrency, the order rotated each time, and a row
+pools them (TTFT quantiles over every repeat's requests, each repeat's p90 kept). Before each
+concurrency's runs an unmeasured pass of the workload goes straight to the replicas (`--no-warmup`:
+none): an engine's first batches of a size are slow, and without it the first policy paid for them.
 `--skew zipf` draws `--requests` requests (default 8 x conversations) from the conversations with
 weight 1/rank^s (`--zipf-s`, default 1) with scripted assistant turns (Workload.skew). Both
 replicas always publish KV events (`--kv-events-config`), so every policy runs on the same engines.
