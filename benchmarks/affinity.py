@@ -219,6 +219,10 @@ class RunResult:
     every 0.1 s during the run, whatever the policy."""
     prompt_ids: dict[str, float] = field(default_factory=dict)
     """kv_events: where the requests' ids for the match came from (gateway_kv_events_prompt_ids_total)."""
+    event_batches: int = 0
+    events: int = 0
+    """kv_events: the KV-event batches and events the gateways applied during the run, summed over
+    the gateways (each hears every engine): the decoding work behind the gateway CPU figure."""
     ttft_p90_runs_s: list[float] = field(default_factory=list)
     """With --repeat: each repeat's own TTFT p90 (the row's figures pool every repeat's requests)."""
 
@@ -293,6 +297,8 @@ def pooled(runs: Sequence[RunResult]) -> RunResult:
         out.seconds += r.seconds
         out.switches += r.switches
         out.forgone_blocks += r.forgone_blocks
+        out.event_batches += r.event_batches
+        out.events += r.events
         out.ttft_s += r.ttft_s
         out.trace += [{**t, "repeat": n} for t in r.trace]
         out.final_prompt_tokens = r.final_prompt_tokens
@@ -596,9 +602,18 @@ def run_gateway_policy(
 
         urls = [gw.base_url + "/v1" for gw in started]
         threads = [gw.native_id for gw in started]
+        subscribers = [
+            sub
+            for gw in started
+            if gw.gateway.kv_events is not None
+            for sub in gw.gateway.kv_events.subscribers.values()
+        ]
+        heard0 = [(sub.stats.batches, sub.stats.events) for sub in subscribers]
         cpu0 = sum(cpu_seconds(t) for t in threads)
         with TokenizeProbe([s.base_url for s in pair], opening(w, 0)) as tokenize:
             r = drive(balancer, urls, [s.metrics_url for s in pair], w, concurrency, probe, names)
+        r.event_batches = sum(sub.stats.batches - b for sub, (b, _) in zip(subscribers, heard0, strict=True))
+        r.events = sum(sub.stats.events - e for sub, (_, e) in zip(subscribers, heard0, strict=True))
         r.tokenize_p50_s, r.tokenize_p90_s = tokenize.quantile(0.5), tokenize.quantile(0.9)
         r.gateway_cpu_ms = (sum(cpu_seconds(t) for t in threads) - cpu0) * 1000 / max(r.requests, 1)
         if balancer == "kv_events":

@@ -275,11 +275,12 @@ class Recorder:
         self.process.wait(10)
 
 
-def assert_claude_finished(run: AgentRun, turns: int) -> None:
+def assert_claude_finished(run: AgentRun, turns: int, retries: int = 0) -> None:
+    """Claude Code ended with success after `turns` model calls, or up to `retries` more."""
     result = run.claude_result()
     assert run.returncode == 0, run.stderr[-2000:]
     assert result["is_error"] is False and result["subtype"] == "success", result
-    assert result["num_turns"] == turns, result
+    assert turns <= result["num_turns"] <= turns + retries, result
 
 
 def assert_codex_finished(run: AgentRun) -> list[dict[str, Any]]:
@@ -317,9 +318,16 @@ def test_claude_code_finishes_its_turns_through_the_shipped_config(
                 )
         finally:
             recorder.stop()
-    assert_claude_finished(run, 2)
+    # The random-weight model's answer to the tool's result is at times empty (it ends at once), and
+    # Claude Code then asks again, the same conversation with a reminder: a third turn of its own.
+    assert_claude_finished(run, 2, retries=1)
     seen = recorder.requests()
     assert TOOL_TEXT in _tool_results(seen[1:]), "the second request carries the tool's result"
+    generations = [r for r in seen if r["path"] == "/v1/messages"]
+    for retry in generations[2:]:
+        assert "no visible output" in json.dumps(retry["body"]["messages"][-1]), (
+            "a third turn is the empty answer's retry"
+        )
     assert seen[-1]["path"] == "/v1/messages" and seen[-1]["query"] == "beta=true", "native, its query kept"
     assert seen[-1]["body"]["model"] == agent_llamacpp.model
 
