@@ -40,6 +40,9 @@ TEMPLATE_OPTIONS: Final = frozenset(
 )
 """Request fields that change what the engine renders or encodes: a request with one is asked of
 the engine."""
+PIECE_CHARS: Final = 4_000_000
+"""The pieces' cache holds at most this many characters of text (with their ids: tens of MB at
+most); past it the oldest pieces go."""
 SPECIAL_TOKENS: Final = (
     "bos_token",
     "eos_token",
@@ -68,6 +71,11 @@ class ChatTokenizer:
         """The special tokens' ids and texts: the tokenizer splits its input at each before encoding
         the pieces in between, so ids never merge across one (resume())."""
         self._special_texts = tuple({t.content for t in added.values() if t.special and t.content})
+        self._pieces: dict[str, list[int]] = {}
+        """A chat text's pieces (each ending just after a special token, or the text's end) -> their
+        ids: a system prompt, a tool list or a conversation's opening that many prompts share is
+        encoded once (encode_chat with `pieces`)."""
+        self._piece_chars = 0
 
     @classmethod
     def load(cls, path: str) -> ChatTokenizer:
@@ -138,13 +146,42 @@ class ChatTokenizer:
             return None
         return prompt, True
 
-    def encode_chat(self, text: str, release: bool = False) -> tuple[list[int], Cut | None]:
-        """A chat text's ids (no special tokens added) and its cut (None: no special token in it)."""
-        ids = self.encode(text, False, release=release)
+    def encode_chat(self, text: str, release: bool = False, pieces: bool = False) -> tuple[list[int], Cut | None]:
+        """A chat text's ids (no special tokens added) and its cut (None: no special token in it).
+        `pieces`: encoded piece by piece, each piece's ids remembered (pieced())."""
+        ids = self.pieced(text, release) if pieces else self.encode(text, False, release=release)
         return ids, self._cut(text, ids, 0, 0)
 
+    def pieced(self, text: str, release: bool = False) -> list[int]:
+        """A chat text's ids, from its pieces: the text cut just after each special token, each piece
+        encoded alone, or taken from the pieces' cache. The same ids as the whole text's where the
+        tokenizer splits its input at special tokens before encoding what lies between them (as
+        resume() has it; the caller checks that now and then)."""
+        ends = sorted({at + len(s) for s in self._special_texts for at in _occurrences(text, s)})
+        if not ends or ends[-1] != len(text):
+            ends.append(len(text))
+        ids: list[int] = []
+        start = 0
+        for end in ends:
+            piece = text[start:end]
+            known = self._pieces.get(piece)
+            if known is None:
+                known = self._remember(piece, self.encode(piece, False, release=release))
+            ids += known
+            start = end
+        return ids
+
+    def _remember(self, piece: str, ids: list[int]) -> list[int]:
+        self._pieces[piece] = ids
+        self._piece_chars += len(piece)
+        while self._piece_chars > PIECE_CHARS and self._pieces:
+            oldest = next(iter(self._pieces))
+            self._piece_chars -= len(oldest)
+            del self._pieces[oldest]
+        return ids
+
     def resume(
-        self, text: str, ids: Sequence[int], cut: Cut, release: bool = False
+        self, text: str, ids: Sequence[int], cut: Cut, release: bool = False, pieces: bool = False
     ) -> tuple[list[int], Cut | None] | None:
         """encode_chat(text) from an earlier prompt's `ids` and `cut`, encoding only what follows the
         cut: the same ids, because the tokenizer encodes the pieces between special tokens apart.
@@ -152,7 +189,11 @@ class ChatTokenizer:
         rendered its earlier messages differently)."""
         if len(text) < cut.chars or text_digest(text[: cut.chars]) != cut.digest:
             return None
-        rest = self.encode(text[cut.chars :], False, release=release)
+        rest = (
+            self.pieced(text[cut.chars :], release)
+            if pieces
+            else self.encode(text[cut.chars :], False, release=release)
+        )
         return [*ids[: cut.tokens], *rest], self._cut(text, rest, cut.chars, cut.tokens) or cut
 
     def _cut(self, text: str, ids: Sequence[int], chars: int, tokens: int) -> Cut | None:
@@ -178,6 +219,15 @@ class ChatTokenizer:
             return batch
         ids: list[int] = self._encoder.encode(text, add_special_tokens=special).ids
         return ids
+
+
+def _occurrences(text: str, sub: str) -> list[int]:
+    out = []
+    at = text.find(sub)
+    while at >= 0:
+        out.append(at)
+        at = text.find(sub, at + len(sub))
+    return out
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -210,10 +210,11 @@ class PromptTokens:
         """The prompt's ids from the pool's tokenizer, remembered, checked as the pool's tokenizer
         is; and whether they were resumed from an earlier prompt's."""
         pool, tokenizer = local
-        ids, cut, resumed = _encoded(tokenizer, text, earlier)
+        pieces = pool in self._resuming and not text[1]
+        ids, cut, resumed = _encoded(tokenizer, text, earlier, pieces=pieces)
         self.memo.put(asked.key, ids, cut)
         self._check(asked, pool, ids)
-        if resumed:
+        if resumed or pieces:
             self._verify(asked, pool, tokenizer, text[0], ids)
         return ids, resumed
 
@@ -225,18 +226,19 @@ class PromptTokens:
         the event loop once the request that brought it is on its way (a leading run of system
         messages, learnt beside a prompt too long to encode before routing)."""
         pool, tokenizer = local
+        pieces = pool in self._resuming and not text[1]
         try:
             if len(text[0]) - (earlier[1].chars if earlier is not None else 0) <= INLINE_CHARS:
                 await asyncio.sleep(0)
-                ids, cut, resumed = _encoded(tokenizer, text, earlier)
+                ids, cut, resumed = _encoded(tokenizer, text, earlier, pieces=pieces)
             else:
                 encode: Callable[[], tuple[list[int], Cut | None, bool]] = lambda: _encoded(  # noqa: E731
-                    tokenizer, text, earlier, True
+                    tokenizer, text, earlier, True, pieces
                 )
                 ids, cut, resumed = await asyncio.get_running_loop().run_in_executor(self._thread, encode)
             self.memo.put(asked.key, ids, cut)
             self._check(asked, pool, ids)
-            if resumed:
+            if resumed or pieces:
                 self._verify(asked, pool, tokenizer, text[0], ids)
         finally:
             self._asking.discard(asked.key)
@@ -371,19 +373,23 @@ class PromptTokens:
 
 
 def _encoded(
-    tokenizer: ChatTokenizer, text: tuple[str, bool], earlier: Resumable | None, release: bool = False
+    tokenizer: ChatTokenizer,
+    text: tuple[str, bool],
+    earlier: Resumable | None,
+    release: bool = False,
+    pieces: bool = False,
 ) -> tuple[list[int], Cut | None, bool]:
     """A prompt's ids, its cut, and whether they were resumed from `earlier` (an earlier prompt of
     the conversation: its ids and cut); `release`: in a worker thread, the GIL released while
-    encoding."""
+    encoding; `pieces`: a chat text encoded piece by piece (ChatTokenizer.pieced)."""
     prompt, special = text
     if special:
         return tokenizer.encode(prompt, True, release=release), None, False
     if earlier is not None:
-        resumed = tokenizer.resume(prompt, *earlier, release=release)
+        resumed = tokenizer.resume(prompt, *earlier, release=release, pieces=pieces)
         if resumed is not None:
             return resumed[0], resumed[1], True
-    ids, cut = tokenizer.encode_chat(prompt, release=release)
+    ids, cut = tokenizer.encode_chat(prompt, release=release, pieces=pieces)
     return ids, cut, False
 
 

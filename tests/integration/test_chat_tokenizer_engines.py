@@ -49,3 +49,7 @@ def test_the_local_ids_are_the_engines(kind: str, request: pytest.FixtureRequest
         mine = tokenizer.ids(body)
         assert mine is not None, body
         assert mine == engine_ids(server.base_url, body), body
+        text = tokenizer.prompt_text(body)
+        assert text is not None
+        if not text[1]:  # a chat: encoded piece by piece (the pieces' cache), the same ids
+            assert tokenizer.pieced(text[0]) == mine, body

@@ -230,9 +230,9 @@ async def test_a_tokenizer_that_encodes_pieces_differently_is_used_whole(
     resume = ChatTokenizer.resume
 
     def off_by_one(
-        self: ChatTokenizer, text: str, ids: Sequence[int], cut: Cut, release: bool = False
+        self: ChatTokenizer, text: str, ids: Sequence[int], cut: Cut, release: bool = False, pieces: bool = False
     ) -> tuple[list[int], Cut | None] | None:
-        got = resume(self, text, ids, cut, release)
+        got = resume(self, text, ids, cut, release, pieces)
         return ([*got[0], 0], got[1]) if got is not None else None
 
     monkeypatch.setattr(ChatTokenizer, "resume", off_by_one)

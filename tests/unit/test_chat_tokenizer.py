@@ -55,6 +55,47 @@ def test_a_next_turn_is_encoded_from_the_earlier_turns_cut(tmp_path: Path) -> No
     assert tok.resume(first[:5], ids, cut) is None
 
 
+def test_a_chat_encoded_in_pieces_has_the_whole_texts_ids_and_each_piece_is_encoded_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tok = ChatTokenizer.load(str(write_model(tmp_path)))
+    first = tok.chat_text({"messages": TURN})
+    second = tok.chat_text({"messages": [TURN[0], {"role": "user", "content": "which brief rake?"}]})
+    assert first is not None and second is not None
+    encoded: list[str] = []
+    encode = ChatTokenizer.encode
+
+    def counting(self: ChatTokenizer, text: str, special: bool, release: bool = False) -> list[int]:
+        encoded.append(text)
+        return encode(self, text, special, release)
+
+    monkeypatch.setattr(ChatTokenizer, "encode", counting)
+    assert tok.encode_chat(first, pieces=True) == tok.encode_chat(first)
+    encoded.clear()
+    # Another conversation with the same system prompt: only its own message is encoded.
+    assert tok.pieced(second) == tok.encode(second, False)
+    assert encoded[:-1] == ["user\nwhich brief rake?<|im_end|>"]  # the last: the whole text, above
+    # A resumed turn takes its pieces from the cache too.
+    ids, cut = tok.encode_chat(first)
+    assert cut is not None
+    encoded.clear()
+    assert tok.resume(second, ids, cut, pieces=True) is None  # not the same conversation
+    following = tok.chat_text({"messages": NEXT})
+    assert following is not None
+    assert tok.resume(following, ids, cut, pieces=True) == tok.encode_chat(following)
+
+
+def test_the_pieces_cache_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("gateway.pipeline.chat_tokenizer.PIECE_CHARS", 40)
+    tok = ChatTokenizer.load(str(write_model(tmp_path)))
+    for word in ("which", "rake", "brief"):
+        text = tok.chat_text({"messages": [{"role": "user", "content": f"{word} {word} {word}"}]})
+        assert text is not None
+        assert tok.pieced(text) == tok.encode(text, False)
+    assert 0 < tok._piece_chars <= 40
+    assert sum(map(len, tok._pieces)) == tok._piece_chars
+
+
 def test_a_text_without_special_tokens_has_no_cut(tmp_path: Path) -> None:
     tok = ChatTokenizer.load(str(write_model(tmp_path, template="{{ messages[0]['content'] }}")))
     assert tok.encode_chat("which rake?") == (ids_of("which", "rake", "?"), None)
