@@ -328,13 +328,15 @@ class PromptTokens:
         waited for (CHECK_WAIT_S); then the least loaded (None: none is healthy)."""
         deadline = asyncio.get_running_loop().time() + CHECK_WAIT_S
         while True:
+            # Looked for after a pause, not at once: when the check was started by a burst's first
+            # requests, the backends the rest of that burst is about to take look idle.
+            await asyncio.sleep(CHECK_POLL_S)
             backends = self._backends(route)
             idle = [b for b in backends if b.in_flight + b.decided == 0]
             if idle:
                 return idle[next(self._turn) % len(idle)]
             if asyncio.get_running_loop().time() >= deadline:
                 return min(backends, key=lambda b: b.in_flight + b.decided, default=None)
-            await asyncio.sleep(CHECK_POLL_S)
 
     async def _call(self, asked: Asked, backend: Backend | None = None) -> list[int] | None:
         """The engine's ids for the prompt: of `backend`, else of the route's event-streaming
