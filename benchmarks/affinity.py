@@ -280,6 +280,22 @@ class InFlightSampler:
         return {n: self._peaks[n] for n in names}
 
 
+SUMMED = (
+    "hits",
+    "queries",
+    "usage_cached",
+    "usage_prompt",
+    "requests",
+    "errors",
+    "seconds",
+    "switches",
+    "forgone_blocks",
+    "event_batches",
+    "events",
+)
+"""The RunResult counts that a policy's repeats add up to."""
+
+
 def pooled(runs: Sequence[RunResult]) -> RunResult:
     """One row from a policy's repeats: counts summed, TTFTs and traces pooled (each trace entry
     tagged with its repeat), in-flight means averaged and peaks maxed, CPU per request averaged;
@@ -288,17 +304,8 @@ def pooled(runs: Sequence[RunResult]) -> RunResult:
         return runs[0]
     out = RunResult(runs[0].label, gateways=runs[0].gateways)
     for n, r in enumerate(runs):
-        out.hits += r.hits
-        out.queries += r.queries
-        out.usage_cached += r.usage_cached
-        out.usage_prompt += r.usage_prompt
-        out.requests += r.requests
-        out.errors += r.errors
-        out.seconds += r.seconds
-        out.switches += r.switches
-        out.forgone_blocks += r.forgone_blocks
-        out.event_batches += r.event_batches
-        out.events += r.events
+        for name in SUMMED:
+            setattr(out, name, getattr(out, name) + getattr(r, name))
         out.ttft_s += r.ttft_s
         out.trace += [{**t, "repeat": n} for t in r.trace]
         out.final_prompt_tokens = r.final_prompt_tokens
