@@ -14,6 +14,7 @@ Needs the `kv-events` extra (tokenizers, jinja2), imported when a pool names a t
 from __future__ import annotations
 
 import json
+from array import array
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -41,8 +42,8 @@ TEMPLATE_OPTIONS: Final = frozenset(
 """Request fields that change what the engine renders or encodes: a request with one is asked of
 the engine."""
 PIECE_CHARS: Final = 4_000_000
-"""The pieces' cache holds at most this many characters of text (with their ids: tens of MB at
-most); past it the oldest pieces go."""
+"""The pieces' cache holds at most this many characters of text (with their ids, 4 bytes each:
+about 12 MB for text of 4 characters a token); past it the oldest pieces go."""
 SPECIAL_TOKENS: Final = (
     "bos_token",
     "eos_token",
@@ -71,7 +72,7 @@ class ChatTokenizer:
         """The special tokens' ids and texts: the tokenizer splits its input at each before encoding
         the pieces in between, so ids never merge across one (resume())."""
         self._special_texts = tuple({t.content for t in added.values() if t.special and t.content})
-        self._pieces: dict[str, list[int]] = {}
+        self._pieces: dict[str, array[int]] = {}
         """A chat text's pieces (each ending just after a special token, or the text's end) -> their
         ids: a system prompt, a tool list or a conversation's opening that many prompts share is
         encoded once (encode_chat with `pieces`)."""
@@ -166,19 +167,21 @@ class ChatTokenizer:
             piece = text[start:end]
             known = self._pieces.get(piece)
             if known is None:
-                known = self._remember(piece, self.encode(piece, False, release=release))
-            ids += known
+                encoded = self.encode(piece, False, release=release)
+                self._remember(piece, encoded)
+                ids += encoded
+            else:
+                ids += known
             start = end
         return ids
 
-    def _remember(self, piece: str, ids: list[int]) -> list[int]:
-        self._pieces[piece] = ids
+    def _remember(self, piece: str, ids: list[int]) -> None:
+        self._pieces[piece] = array("I", ids)
         self._piece_chars += len(piece)
         while self._piece_chars > PIECE_CHARS and self._pieces:
             oldest = next(iter(self._pieces))
             self._piece_chars -= len(oldest)
             del self._pieces[oldest]
-        return ids
 
     def resume(
         self, text: str, ids: Sequence[int], cut: Cut, release: bool = False, pieces: bool = False
