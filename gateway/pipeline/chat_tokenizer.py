@@ -14,6 +14,7 @@ Needs the `kv-events` extra (tokenizers, jinja2), imported when a pool names a t
 from __future__ import annotations
 
 import json
+import threading
 from array import array
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -77,6 +78,8 @@ class ChatTokenizer:
         ids: a system prompt, a tool list or a conversation's opening that many prompts share is
         encoded once (encode_chat with `pieces`)."""
         self._piece_chars = 0
+        self._evicting = threading.Lock()
+        """The event loop's thread and the worker thread both add pieces; a read needs no lock."""
 
     @classmethod
     def load(cls, path: str) -> ChatTokenizer:
@@ -176,12 +179,15 @@ class ChatTokenizer:
         return ids
 
     def _remember(self, piece: str, ids: list[int]) -> None:
-        self._pieces[piece] = array("I", ids)
-        self._piece_chars += len(piece)
-        while self._piece_chars > PIECE_CHARS and self._pieces:
-            oldest = next(iter(self._pieces))
-            self._piece_chars -= len(oldest)
-            del self._pieces[oldest]
+        with self._evicting:
+            if piece in self._pieces:
+                return
+            self._pieces[piece] = array("I", ids)
+            self._piece_chars += len(piece)
+            while self._piece_chars > PIECE_CHARS and self._pieces:
+                oldest = next(iter(self._pieces))
+                self._piece_chars -= len(oldest)
+                del self._pieces[oldest]
 
     def resume(
         self, text: str, ids: Sequence[int], cut: Cut, release: bool = False, pieces: bool = False

@@ -67,8 +67,8 @@ turn's cut) is encoded by the pool's tokenizer before routing, on the event loop
 requests after it, so the loop never waits on an agent's 100,000 characters."""
 VERIFY_FIRST: Final = 4
 VERIFY_EVERY: Final = 64
-"""A pool's first VERIFY_FIRST prompts encoded from an earlier prompt's cut, and one in
-VERIFY_EVERY after, are also encoded whole in the worker thread and compared: one difference and its
+"""A pool's first VERIFY_FIRST prompts encoded from an earlier prompt's cut or in pieces, and one
+in VERIFY_EVERY after, are also encoded whole in the worker thread and compared: one difference and its
 prompts are encoded whole from then on (a tokenizer whose normalizer treats a text's start apart)."""
 CHECK_FIRST: Final = 4
 CHECK_EVERY: Final = 256
@@ -210,13 +210,17 @@ class PromptTokens:
         """The prompt's ids from the pool's tokenizer, remembered, checked as the pool's tokenizer
         is; and whether they were resumed from an earlier prompt's."""
         pool, tokenizer = local
-        pieces = pool in self._resuming and not text[1]
+        pieces = self._in_pieces(pool, text)
         ids, cut, resumed = _encoded(tokenizer, text, earlier, pieces=pieces)
         self.memo.put(asked.key, ids, cut)
         self._check(asked, pool, ids)
         if resumed or pieces:
-            self._verify(asked, pool, tokenizer, text[0], ids)
+            self._verify(asked.route, pool, tokenizer, text[0], ids)
         return ids, resumed
+
+    def _in_pieces(self, pool: str, text: tuple[str, bool]) -> bool:
+        """Whether a chat text is encoded in pieces: while the pool's resumed encodings agree."""
+        return pool in self._resuming and not text[1]
 
     async def _encode(
         self, asked: Asked, local: tuple[str, ChatTokenizer], text: tuple[str, bool], earlier: Resumable | None
@@ -226,7 +230,7 @@ class PromptTokens:
         the event loop once the request that brought it is on its way (a leading run of system
         messages, learnt beside a prompt too long to encode before routing)."""
         pool, tokenizer = local
-        pieces = pool in self._resuming and not text[1]
+        pieces = self._in_pieces(pool, text)
         try:
             if len(text[0]) - (earlier[1].chars if earlier is not None else 0) <= INLINE_CHARS:
                 await asyncio.sleep(0)
@@ -239,17 +243,17 @@ class PromptTokens:
             self.memo.put(asked.key, ids, cut)
             self._check(asked, pool, ids)
             if resumed or pieces:
-                self._verify(asked, pool, tokenizer, text[0], ids)
+                self._verify(asked.route, pool, tokenizer, text[0], ids)
         finally:
             self._asking.discard(asked.key)
 
-    def _verify(self, asked: Asked, pool: str, tokenizer: ChatTokenizer, text: str, ids: list[int]) -> None:
-        """The first VERIFY_FIRST resumed encodings of a pool, and one in VERIFY_EVERY after, are
-        encoded whole too (in the worker thread, at a quiet moment) and compared."""
+    def _verify(self, route: RouteConfig, pool: str, tokenizer: ChatTokenizer, text: str, ids: list[int]) -> None:
+        """The first VERIFY_FIRST encodings of a pool resumed or in pieces, and one in VERIFY_EVERY
+        after, are encoded whole too (in the worker thread, at a quiet moment) and compared."""
         n = self._resumed[pool]
         self._resumed[pool] = n + 1
         if n < VERIFY_FIRST or n % VERIFY_EVERY == 0:
-            self._start(self._compare_whole(asked.route, pool, tokenizer, text, ids))
+            self._start(self._compare_whole(route, pool, tokenizer, text, ids))
 
     async def _compare_whole(
         self, route: RouteConfig, pool: str, tokenizer: ChatTokenizer, text: str, ids: list[int]
