@@ -34,7 +34,6 @@ pool and empties the memo (a warning, and the `mismatch` count)."""
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 from collections import Counter
 from collections.abc import Callable, Coroutine, Mapping, Sequence
@@ -42,14 +41,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final
 
 from gateway.config import GatewayConfig, RouteConfig
-from gateway.errors import GatewayError
-from gateway.fleet.registry import Backend, Registry
+from gateway.fleet.registry import Registry
 from gateway.metrics import GatewayMetrics
 from gateway.pipeline.chat_tokenizer import ChatTokenizer
+from gateway.pipeline.engine_tokens import Asked, EngineTokens
 from gateway.pipeline.token_memo import Cut, TokenMemo, message_keys, prompt_key
 from gateway.policy.cached_prefix import PromptIds
 from gateway.upstream.client import UpstreamClient
-from gateway.value import value
 
 log = logging.getLogger(__name__)
 
@@ -74,28 +72,6 @@ CHECK_FIRST: Final = 4
 CHECK_EVERY: Final = 256
 """The pool's tokenizer's first CHECK_FIRST prompts, and one in CHECK_EVERY after, are also asked
 of the engine (in the background) and compared."""
-CHECK_POLL_S: Final = 0.25
-CHECK_WAIT_S: Final = 10.0
-"""A check or a verification waits for a quiet moment: one of the pool's event-streaming backends
-with nothing in flight from this gateway (looked for every CHECK_POLL_S; a check asks that one),
-or CHECK_WAIT_S, whichever comes first. A gateway's first prompts come in its first burst, and
-checked then they slowed it: a check's tokenize call is a template render and an encode on an
-engine's API server that is taking the burst in (a request that misses an engine step waits a
-whole step), and a verification's encode in the worker thread takes the GIL and a core from the
-requests. Both only guard routing quality (ids that disagree match nothing), so they can wait."""
-
-
-@value
-class Asked:
-    """A prompt whose ids are wanted: the route and model it came for, and its text."""
-
-    route: RouteConfig
-    model: str
-    view: Mapping[str, Any]
-    messages: list[Any] | None
-    prompt: str | None
-    key: bytes
-    """Its memo key."""
 
 
 class PromptTokens:
@@ -108,15 +84,9 @@ class PromptTokens:
         metrics: GatewayMetrics,
         local: Mapping[str, ChatTokenizer] | None = None,
     ) -> None:
-        self._registry = registry
-        self._upstream = upstream
+        self._engines = EngineTokens(config, registry, upstream, streaming)
         self._metrics = metrics
-        self._timeout_s = config.timeouts.first_byte_s
-        self._pools = frozenset(name for name, p in config.pools.items() if p.balancer == "kv_events")
-        self._streaming = streaming
-        """Backends whose KV events the gateway follows."""
         self.memo = TokenMemo()
-        self._turn = itertools.count()
         self._asking: set[bytes] = set()
         """The keys of the prompts being asked: one call a prompt, however many requests send it."""
         self._background: set[asyncio.Task[Any]] = set()
@@ -139,7 +109,7 @@ class PromptTokens:
             self._thread.submit(int).result()  # started now, not on a request
 
     def wanted(self, route: RouteConfig) -> bool:
-        return any(pool in self._pools for pool in route.pools)
+        return self._engines.wanted(route)
 
     def ids(self, route: RouteConfig, model: str, view: Mapping[str, Any] | None) -> PromptIds | None:
         """The ids to match now (None: none known), and the calls that learn them for later."""
@@ -258,7 +228,7 @@ class PromptTokens:
     async def _compare_whole(
         self, route: RouteConfig, pool: str, tokenizer: ChatTokenizer, text: str, ids: list[int]
     ) -> None:
-        await self._quiet(route)
+        await self._engines.quiet(route)
         whole: Callable[[], list[int]] = lambda: tokenizer.encode_chat(text, release=True)[0]  # noqa: E731
         if await asyncio.get_running_loop().run_in_executor(self._thread, whole) == ids or pool not in self._resuming:
             return
@@ -279,7 +249,7 @@ class PromptTokens:
             self._start(self._compare(asked, pool, ids))
 
     async def _compare(self, asked: Asked, pool: str, ids: list[int]) -> None:
-        engine = await self._call(asked, await self._quiet(asked.route))
+        engine = await self._engines.call(asked, await self._engines.quiet(asked.route))
         if engine is None or engine == ids:
             return
         tokenizer = self._local.pop(pool, None)
@@ -305,65 +275,11 @@ class PromptTokens:
 
     async def _ask(self, asked: Asked) -> None:
         try:
-            tokens = await self._call(asked)
+            tokens = await self._engines.call(asked)
             if tokens is not None:
                 self.memo.put(asked.key, tokens)
         finally:
             self._asking.discard(asked.key)
-
-    def _backends(self, route: RouteConfig) -> list[Backend]:
-        """The route's healthy event-streaming backends."""
-        return [
-            b
-            for pool in route.pools
-            if pool in self._pools
-            for b in self._registry.pools.get(pool, ())
-            if b.healthy and not b.retired and b.name in self._streaming
-        ]
-
-    def _backend(self, route: RouteConfig) -> Backend | None:
-        """The next of the route's event-streaming backends, in turn: no one engine answers every
-        gateway's tokenize calls."""
-        backends = self._backends(route)
-        return backends[next(self._turn) % len(backends)] if backends else None
-
-    async def _quiet(self, route: RouteConfig) -> Backend | None:
-        """One of the route's event-streaming backends with nothing in flight from this gateway,
-        waited for (CHECK_WAIT_S); then the least loaded (None: none is healthy)."""
-        deadline = asyncio.get_running_loop().time() + CHECK_WAIT_S
-        while True:
-            # Looked for after a pause, not at once: when the check was started by a burst's first
-            # requests, the backends the rest of that burst is about to take look idle.
-            await asyncio.sleep(CHECK_POLL_S)
-            backends = self._backends(route)
-            idle = [b for b in backends if b.in_flight + b.decided == 0]
-            if idle:
-                return idle[next(self._turn) % len(idle)]
-            if asyncio.get_running_loop().time() >= deadline:
-                return min(backends, key=lambda b: b.in_flight + b.decided, default=None)
-
-    async def _call(self, asked: Asked, backend: Backend | None = None) -> list[int] | None:
-        """The engine's ids for the prompt: of `backend`, else of the route's event-streaming
-        backends in turn."""
-        backend = backend or self._backend(asked.route)
-        if backend is None:
-            return None
-        name = backend.model or (backend.names[0] if backend.names else asked.model)
-        calls = list(backend.adapter.tokenize_calls(name, asked.messages, asked.prompt))
-        if len(calls) != 1:  # an engine that tokenizes in two steps (llama.cpp) publishes no KV events
-            return None
-        call = calls[0]
-        try:
-            status, data = await self._upstream.post_json(
-                backend.url + call.path, dict(call.json), backend.auth_headers(), self._timeout_s, backend.name
-            )
-        except GatewayError as exc:
-            log.debug("token ids from %s failed: %s", backend.name, exc.message)
-            return None
-        tokens = data.get("tokens") if status == 200 and isinstance(data, Mapping) else None
-        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
-            return None
-        return tokens
 
     def busy(self) -> bool:
         """Whether background calls or encodings are still running."""
