@@ -11,10 +11,12 @@ from typing import Any, Literal, TypeVar, cast, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.openmetrics import exposition as openmetrics_exposition
+from prometheus_client.registry import Collector
 
 from gateway.metric_types import FineHistogram, LeanCounter, LeanGauge, LeanHistogram, PlainValue
 
 M = TypeVar("M", Counter, Gauge, Histogram)
+C = TypeVar("C", bound=Collector)
 _openmetrics_latest = cast(Callable[[CollectorRegistry], bytes], openmetrics_exposition.generate_latest)  # typed alias
 
 
@@ -302,6 +304,16 @@ class GatewayMetrics:
             if not isinstance(m, FineHistogram):
                 self._coarse.register(m)
         self._render_cache: dict[str, dict[tuple[str, ...], list[str]]] = {}
+
+    def feature(self, name: str, make: Callable[[], C]) -> C:
+        """The collector a feature keeps on this registry under `name`, made and registered on
+        first use: in the registry and in /metrics' own (exposition())."""
+        found = self.features.get(name)
+        if found is None:
+            found = self.features[name] = make()
+            self.registry.register(found)
+            self._coarse.register(found)
+        return cast(C, found)
 
     def exposition(self) -> bytes:
         """The /metrics page: generate_latest for every metric but the fine histograms, which

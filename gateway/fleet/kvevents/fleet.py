@@ -31,11 +31,7 @@ def follow(config: GatewayConfig, metrics: GatewayMetrics) -> KVEventFleet | Non
     if not any(b.kv_events is not None for pool in config.pools.values() for b in pool.backends):
         return None
     fleet = KVEventFleet(config)
-    collector = metrics.features.get("kv_events")
-    if not isinstance(collector, KVEventCollector):
-        collector = metrics.features["kv_events"] = KVEventCollector()
-        metrics.registry.register(collector)
-    collector.fleet = fleet
+    metrics.feature("kv_events", KVEventCollector).fleet = fleet
     return fleet
 
 
