@@ -6,8 +6,9 @@
     python benchmarks/affinity.py --policies round_robin,prefix_affinity,kv_events,oracle \
         --concurrency 8,32 --gateways 2 --skew zipf --json FILE
 
-`--gateways N` puts N gateways (same config, each its own routing memory and its own KV-event
-subscriptions) over the same replicas, the client alternating between them request by request.
+`--gateways N` puts N gateways (same config, each its own process as `gateway serve` runs it, its
+own routing memory and its own KV-event subscriptions) over the same replicas, the client
+alternating between them request by request.
 `--repeat R` runs every policy R times at each concurrency, the order rotated each time, and a row
 pools them (TTFT quantiles over every repeat's requests, each repeat's p90 kept). Before each
 concurrency's runs an unmeasured pass of the workload goes straight to the replicas (`--no-warmup`:
@@ -43,8 +44,8 @@ directly.
 
 Hit rate = delta vllm:prefix_cache_hits_total / delta vllm:prefix_cache_queries_total summed over the
 replicas (cross-checked against the responses' usage.prompt_tokens_details.cached_tokens). In-flight
-balance = the gateways' per-backend in-flight counts (summed over the gateways) sampled every few ms
-during the run: max over replicas of the time-averaged count / mean over replicas. Targets:
+balance = each replica's time-averaged count of requests in flight, from the client's own send and
+finish times and the replica each response names (x-gateway-backend): max over replicas / mean. Targets:
 prefix_affinity >= 0.9 x oracle, >= 2 x round_robin, and max/mean in-flight <= 1.3 (at c > 1);
 where kv_events runs, its own instead: >= 0.95 x oracle, max/mean in-flight <= 1.2, TTFT p90 below
 prefix_affinity's. Exit status 1 when one is missed.
@@ -62,7 +63,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -74,13 +75,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout: the engine launcher lives in tests/
 
 from benchmarks import record  # noqa: E402
+from benchmarks.gateway_process import GatewayProcess  # noqa: E402
 from gateway.config import SharedPrefixConfig  # noqa: E402
 from gateway.policy.kv import kv_spec_from_hf_config  # noqa: E402
 from gateway.policy.prefix import canonical_prompt  # noqa: E402
 from gateway.tools.hfconfig import load_hf_config  # noqa: E402
 from tests.engines import servers  # noqa: E402
 from tests.engines.tiny_vocab import CORPUS  # noqa: E402
-from tests.integration.gateway_harness import GatewayThread, engine_metric  # noqa: E402
+from tests.integration.gateway_harness import engine_metric  # noqa: E402
 
 MODEL = servers.MODEL_NAME
 HITS = "vllm:prefix_cache_hits_total"
@@ -203,8 +205,8 @@ class RunResult:
     """The balancer's reasons (x-gateway-balancer's second word: sticky, spill, hash...), counted."""
     gateways: int = 1
     gateway_cpu_ms: float | None = None
-    """CPU time of the gateways' event-loop threads per request (ms): routing, the match's
-    /tokenize round trip and the KV events' decoding included."""
+    """CPU time of the gateways' processes per request (ms): every thread's, the relay, routing,
+    the match's encodes and tokenize calls and the KV events' decoding included."""
 
     forgone_blocks: int = 0
     """kv_events: blocks the longest holder had beyond the chosen backend, summed over the requests
@@ -245,39 +247,22 @@ class RunResult:
         return max(values) / (sum(values) / len(values))
 
 
-class InFlightSampler:
-    """Samples `probe()` (backend -> in-flight) every `interval` s in a thread while running."""
-
-    def __init__(self, probe: Callable[[], dict[str, int]], interval: float = 0.002) -> None:
-        self._probe = probe
-        self._interval = interval
-        self._stop = threading.Event()
-        self._sums: Counter[str] = Counter()
-        self._peaks: Counter[str] = Counter()
-        self._n = 0
-        self._thread = threading.Thread(target=self._run, name="in-flight-sampler", daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            for name, value in self._probe().items():
-                self._sums[name] += value
-                self._peaks[name] = max(self._peaks[name], value)
-            self._n += 1
-            self._stop.wait(self._interval)
-
-    def __enter__(self) -> InFlightSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-    def means(self, names: Sequence[str]) -> dict[str, float]:
-        return {n: self._sums[n] / max(self._n, 1) for n in names}
-
-    def peaks(self, names: Sequence[str]) -> dict[str, int]:
-        return {n: self._peaks[n] for n in names}
+def in_flight(
+    spans: Sequence[tuple[str, float, float]], names: Sequence[str], seconds: float
+) -> tuple[dict[str, float], dict[str, int]]:
+    """Each backend's time-averaged and peak count of requests in flight, from the client's own
+    (backend, sent, finished) spans: exact, where sampling the gateways' counters every few ms
+    missed short peaks and cost the CPU it measured."""
+    means = {n: sum(end - start for b, start, end in spans if b == n) / seconds if seconds > 0 else 0.0 for n in names}
+    peaks: dict[str, int] = {}
+    for n in names:
+        edges = sorted([(start, 1) for b, start, _ in spans if b == n] + [(end, -1) for b, _, end in spans if b == n])
+        now = peak = 0
+        for _, step in edges:  # at a tie the end (-1) sorts first: a request that ends as one starts
+            now += step
+            peak = max(peak, now)
+        peaks[n] = peak
+    return means, peaks
 
 
 SUMMED = (
@@ -427,7 +412,6 @@ def drive(
     engine_metrics_urls: Sequence[str],
     w: Workload,
     concurrency: int,
-    probe: Callable[[], dict[str, int]] | None = None,
     backend_names: Sequence[str] = (),
     timeout: float = 300.0,
 ) -> RunResult:
@@ -442,13 +426,16 @@ def drive(
     sent = iter(range(1 << 62))
     zipf = w.skew == "zipf"
     last_turn = w.turns - 1
+    spans: list[tuple[str, float, float]] = []
 
     def one(client: httpx.Client, conv: int, turn: int, index: int = 0) -> None:
         messages = scripted_turn(w, conv, turn) if zipf else convs[conv]
         body = {"model": MODEL, "messages": messages, "max_tokens": w.max_tokens, "ignore_eos": True}
         with lock:
             url = v1_urls[next(sent) % len(v1_urls)]
+        sent_at = time.monotonic()
         r = send(client, url, body)
+        finished = time.monotonic()
         with lock:
             result.requests += 1
             if r.status != 200:
@@ -464,6 +451,7 @@ def drive(
             if len(why) > 1:
                 result.reasons[why[1]] = result.reasons.get(why[1], 0) + 1
             backend = r.headers.get("x-gateway-backend", "direct")
+            spans.append((backend, sent_at, finished))
             result.forgone_blocks += forgone(explanation, backend)
             result.per_backend[backend] = result.per_backend.get(backend, 0) + 1
             result.trace.append(
@@ -487,10 +475,9 @@ def drive(
             convs[conv].append({"role": "assistant", "content": r.content})
             convs[conv].append(follow_up(w, conv, turn + 2))
 
-    sampler = InFlightSampler(probe) if probe is not None else contextlib.nullcontext()
     start = time.monotonic()
     limits = httpx.Limits(max_connections=concurrency)
-    with httpx.Client(timeout=timeout, limits=limits) as client, sampler, ThreadPoolExecutor(concurrency) as pool:
+    with httpx.Client(timeout=timeout, limits=limits) as client, ThreadPoolExecutor(concurrency) as pool:
         if zipf:
             for f in [pool.submit(one, client, c, t, i) for i, (c, t) in enumerate(zipf_schedule(w))]:
                 f.result()
@@ -500,9 +487,8 @@ def drive(
                     f.result()
     result.seconds = time.monotonic() - start
     result.conversations_per_backend = dict(Counter(last_backend.values()))
-    if isinstance(sampler, InFlightSampler):
-        result.mean_in_flight = sampler.means(backend_names)
-        result.peak_in_flight = sampler.peaks(backend_names)
+    if backend_names:
+        result.mean_in_flight, result.peak_in_flight = in_flight(spans, backend_names, result.seconds)
     # vLLM's counters trail the responses by an engine step: wait until they account for every prompt.
     deadline = time.monotonic() + 15
     while True:
@@ -545,6 +531,7 @@ def gateway_config(
         pool["tokenizer"] = tokenizer
     return {
         "health": {"interval_s": 2, "scrape_interval_s": 1},
+        "routing": {"platform": "nvidia_gpu"},  # vLLM's host, whatever machine runs the benchmark
         "pools": {"vllm": pool},
         "routes": [{"model": MODEL, "pools": ["vllm"]}],
     }
@@ -588,41 +575,33 @@ def run_gateway_policy(
     names = [f"r{i}" for i in range(len(pair))]
     backends = list(zip(names, [s.base_url for s in pair], strict=True))
     data = gateway_config(balancer, backends, epsilon, events, slack, tokenizer)
-    started: list[GatewayThread] = []
+    started: list[GatewayProcess] = []
     try:
         for _ in range(gateways):
-            started.append(GatewayThread(data).start())
-        registries = [gw.gateway.registry for gw in started]
+            started.append(GatewayProcess(data).start())
         deadline = time.monotonic() + 30
-        while not all(reg.by_name[n].healthy for reg in registries for n in names):
+        while not all(gw.metric("gateway_backend_up", backend=n) == 1 for gw in started for n in names):
             if time.monotonic() > deadline:
                 raise RuntimeError("a gateway did not see every replica healthy")
             time.sleep(0.05)
+        heard = [[gw.metric("gateway_kv_events_batches_total", backend=n) for n in names] for gw in started]
         for s in pair:
             reset_prefix_cache(s.base_url)
             poke = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
             httpx.post(f"{s.v1_url}/chat/completions", json=poke, timeout=30).raise_for_status()
-        caught_up(started, deadline=time.monotonic() + 30)
-
-        def probe() -> dict[str, int]:  # an engine's in-flight requests: the sum over the gateways
-            return {n: sum(reg.by_name[n].in_flight for reg in registries) for n in names}
-
+        if balancer == "kv_events":
+            caught_up(started, names, heard, deadline=time.monotonic() + 30)
         urls = [gw.base_url + "/v1" for gw in started]
-        threads = [gw.native_id for gw in started]
-        subscribers = [
-            sub
-            for gw in started
-            if gw.gateway.kv_events is not None
-            for sub in gw.gateway.kv_events.subscribers.values()
-        ]
-        heard0 = [(sub.stats.batches, sub.stats.events) for sub in subscribers]
-        cpu0 = sum(cpu_seconds(t) for t in threads)
+        batches0 = sum(gw.metric("gateway_kv_events_batches_total") for gw in started)
+        events0 = sum(gw.metric("gateway_kv_events_events_total") for gw in started)
+        cpu0 = sum(gw.cpu_seconds() for gw in started)
         with TokenizeProbe([s.base_url for s in pair], opening(w, 0)) as tokenize:
-            r = drive(balancer, urls, [s.metrics_url for s in pair], w, concurrency, probe, names)
-        r.event_batches = sum(sub.stats.batches - b for sub, (b, _) in zip(subscribers, heard0, strict=True))
-        r.events = sum(sub.stats.events - e for sub, (_, e) in zip(subscribers, heard0, strict=True))
+            r = drive(balancer, urls, [s.metrics_url for s in pair], w, concurrency, names)
+        r.gateway_cpu_ms = (sum(gw.cpu_seconds() for gw in started) - cpu0) * 1000 / max(r.requests, 1)
+        time.sleep(0.2)  # a request is accounted just after its last byte: let the last ones be
+        r.event_batches = int(sum(gw.metric("gateway_kv_events_batches_total") for gw in started) - batches0)
+        r.events = int(sum(gw.metric("gateway_kv_events_events_total") for gw in started) - events0)
         r.tokenize_p50_s, r.tokenize_p90_s = tokenize.quantile(0.5), tokenize.quantile(0.9)
-        r.gateway_cpu_ms = (sum(cpu_seconds(t) for t in threads) - cpu0) * 1000 / max(r.requests, 1)
         if balancer == "kv_events":
             r.prompt_ids = {
                 source: sum(gw.metric("gateway_kv_events_prompt_ids_total", source=source) for gw in started)
@@ -638,17 +617,24 @@ def run_gateway_policy(
             gw.stop()
 
 
-def caught_up(gateways: Sequence[GatewayThread], deadline: float) -> None:
-    """Wait until every kv_events subscriber of every gateway has replayed what its engine buffered
-    before it connected (the earlier runs' events: applying them is work that belongs before the
-    run, not in its first requests' time to first token), and has heard the engine since."""
-    subscribers = [
-        sub for gw in gateways if gw.gateway.kv_events is not None for sub in gw.gateway.kv_events.subscribers.values()
-    ]
-    while any(not sub.caught_up or sub.last_seq is None for sub in subscribers):
+def caught_up(
+    gateways: Sequence[GatewayProcess], names: Sequence[str], heard: Sequence[Sequence[float]], deadline: float
+) -> None:
+    """Wait until every gateway has applied a KV-event batch from every engine since `heard` (its
+    batch counts before the caches were reset), and its counts have settled: a subscriber replays
+    what its engine buffered before it connected (the earlier runs' events: applying them is work
+    that belongs before the run, not in its first requests' time to first token) before it applies
+    a newer batch."""
+    last: list[list[float]] = []
+    while True:
+        now = [[gw.metric("gateway_kv_events_batches_total", backend=n) for n in names] for gw in gateways]
+        fresh = all(a > b for row, before in zip(now, heard, strict=True) for a, b in zip(row, before, strict=True))
+        if fresh and now == last:
+            return
         if time.monotonic() > deadline:
             raise RuntimeError("a gateway's KV-event subscriber heard nothing from its engine")
-        time.sleep(0.05)
+        last = now
+        time.sleep(0.2)
 
 
 @contextlib.contextmanager

@@ -1,0 +1,97 @@
+"""A gateway replica in a process of its own, for the benchmarks: `gateway serve` on a config written
+to a temporary file, as a replica is deployed. Its metrics are read from its /metrics and its CPU
+from /proc, so nothing of the benchmark's own threads (its clients, its samplers) shares its GIL or
+is counted as its work."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class GatewayProcess:
+    def __init__(self, data: dict[str, Any]) -> None:
+        self._data = data
+        self._dir = tempfile.TemporaryDirectory(prefix="gateway-replica-")
+        self._proc: subprocess.Popen[bytes] | None = None
+        self.base_url = ""
+
+    def start(self, timeout: float = 30.0) -> GatewayProcess:
+        config = Path(self._dir.name) / "gateway.yaml"
+        config.write_text(yaml.safe_dump(self._data))
+        port = free_port()
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+        cmd = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config), "--port", str(port)]
+        with (Path(self._dir.name) / "gateway.log").open("wb") as log:
+            self._proc = subprocess.Popen(
+                [*cmd, "--log-level", "warning"], stdout=log, stderr=subprocess.STDOUT, env=env
+            )
+        self.base_url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + timeout
+        while True:
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"the gateway exited ({self._proc.returncode}): {self.log()[-2000:]}")
+            try:
+                if httpx.get(f"{self.base_url}/healthz", timeout=1).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"the gateway did not start: {self.log()[-2000:]}")
+            time.sleep(0.05)
+
+    @property
+    def pid(self) -> int:
+        assert self._proc is not None, "not started"
+        return self._proc.pid
+
+    def cpu_seconds(self) -> float:
+        """utime + stime of the whole process: the event loop, its encode worker and its event
+        subscribers' threads."""
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def metric(self, name: str, **labels: str) -> float:
+        """The sum of a metric's samples with these labels (`name` as exposed: `..._total` for a
+        counter's count)."""
+        text = httpx.get(f"{self.base_url}/metrics", timeout=10).text
+        total = 0.0
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                    total += s.value
+        return total
+
+    def log(self) -> str:
+        path = Path(self._dir.name) / "gateway.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def stop(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        self._dir.cleanup()
