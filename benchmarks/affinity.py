@@ -70,6 +70,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout: the engine launcher lives in tests/
@@ -510,6 +511,7 @@ def gateway_config(
     events: Sequence[tuple[int, int]] = (),
     slack: int | None = None,
     tokenizer: str | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One pool of the given (name, base_url) vLLM backends behind the route `tiny`; `events` the
     backends' (PUB, replay) ports, which a kv_events pool subscribes to; `tokenizer` the model's
@@ -529,6 +531,7 @@ def gateway_config(
         pool["kv_slack" if balancer == "kv_events" else "affinity_slack"] = slack
     if tokenizer is not None and balancer == "kv_events":
         pool["tokenizer"] = tokenizer
+    pool.update(extra or {})
     return {
         "health": {"interval_s": 2, "scrape_interval_s": 1},
         "routing": {"platform": "nvidia_gpu"},  # vLLM's host, whatever machine runs the benchmark
@@ -563,6 +566,7 @@ def run_gateway_policy(
     events: Sequence[tuple[int, int]] = (),
     slack: int | None = None,
     tokenizer: str | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> RunResult:
     """`gateways` gateway replicas with the same config over the same engines, the client alternating
     between them; each learns (prefix_affinity) or subscribes (kv_events) on its own.
@@ -574,7 +578,7 @@ def run_gateway_policy(
     gateway that has been running would."""
     names = [f"r{i}" for i in range(len(pair))]
     backends = list(zip(names, [s.base_url for s in pair], strict=True))
-    data = gateway_config(balancer, backends, epsilon, events, slack, tokenizer)
+    data = gateway_config(balancer, backends, epsilon, events, slack, tokenizer, extra)
     started: list[GatewayProcess] = []
     try:
         for _ in range(gateways):
@@ -848,7 +852,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="comma-separated (round_robin, prefix_affinity, kv_events, oracle, any balancer); "
         "`prefix_affinity@1.0` runs it with affinity_epsilon 1.0, `kv_events@1.0` with kv_epsilon 1.0, "
         "`kv_events@0.2+0` with kv_epsilon 0.2 and kv_slack 0 (`@+0`: the slack alone); kv_events encodes the "
-        "prompts with the model's tokenizer (the pool's `tokenizer`), `kv_events:engine` asks the engines instead",
+        "prompts with the model's tokenizer (the pool's `tokenizer`), `kv_events:engine` asks the engines instead; "
+        "`:KEY=VALUE` sets any pool setting (VALUE read as YAML), e.g. `kv_events:kv_saturation_kv_usage=0.95`",
     )
     p.add_argument(
         "--epsilon", type=float, help="the pool's affinity_epsilon or kv_epsilon (default: the config default)"
@@ -978,7 +983,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     balancer, _, tuning = named.partition("@")
                     eps, _, slack = tuning.partition("+")
                     epsilon = float(eps) if eps else args.epsilon
-                    tokenizer = None if variant == "engine" else servers.engine_env()["TINY_HF_DIR"]
+                    # kv_events:kv_saturation_waiting=16: any pool setting, its value read as YAML
+                    settings = [part.partition("=") for part in variant.split(":") if "=" in part]
+                    extra = {key: yaml.safe_load(value) for key, _, value in settings}
+                    engine_ids = "engine" in variant.split(":")
+                    tokenizer = None if engine_ids else servers.engine_env()["TINY_HF_DIR"]
                     r = run_gateway_policy(
                         balancer,
                         pair,
@@ -989,6 +998,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         events,
                         int(slack) if slack else None,
                         tokenizer,
+                        extra,
                     )
                     runs[policy].append(r)
                     print(
