@@ -343,11 +343,9 @@ class PoolConfig(_Model):
     kv_saturation_waiting: Annotated[int, Field(ge=1)] | None = 4
     """kv_events: an engine reporting this many queued requests (a fresh scrape) while it carries
     more than the pool's mean load is saturated."""
-    kv_saturation_kv_usage: Annotated[float, Field(gt=0, le=1)] | None = None
+    kv_saturation_kv_usage: Annotated[float, Field(gt=0, le=1)] | None = 0.95
     """kv_events: an engine reporting its KV cache this full (a fresh scrape) while it carries more
-    than the pool's mean load is saturated. Off by default: under load vLLM fills its KV cache by
-    design, both engines sit near full, and which one reads 0.95 at the last scrape is noise; each
-    spill it caused copied a whole prefix (docs/routing-benchmark.md measures both)."""
+    than the pool's mean load is saturated."""
     tokenizer: Annotated[str, Field(min_length=1)] | None = None
     """kv_events: a directory with the pool's model's tokenizer.json and chat template
     (tokenizer_config.json or chat_template.jinja): prompts' token ids are encoded by the gateway

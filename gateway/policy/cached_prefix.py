@@ -63,9 +63,8 @@ class Saturation:
     home when this gateway does not know the prompt's ids yet."""
     waiting: int | None = 4
     """The engine's own queue (a fresh scrape) reached this many requests."""
-    kv_usage: float | None = None
-    """The engine's KV cache (a fresh scrape) is this full: what it holds is about to be evicted.
-    None (the default): not consulted, as a loaded vLLM engine keeps its cache near full."""
+    kv_usage: float | None = 0.95
+    """The engine's KV cache (a fresh scrape) is this full: what it holds is about to be evicted."""
 
 
 @value

@@ -33,11 +33,10 @@ TWO = {
     "routes": [{"model": "m", "pools": ["p"]}],
 }
 POOL = PoolConfig(engine="sim", balancer="kv_events", backends=(BackendConfig(url="http://127.0.0.1:1"),))
-KV_USAGE_POOL = POOL.model_copy(update={"kv_saturation_kv_usage": 0.95})
 
 
-def balancer(pool: PoolConfig = POOL) -> KVEvents:
-    made = make_balancer("kv_events", pool)
+def balancer() -> KVEvents:
+    made = make_balancer("kv_events", POOL)
     assert isinstance(made, KVEvents)
     return made
 
@@ -124,16 +123,10 @@ CASES: list[tuple[str, Sequence[Candidate], BalanceKey, str, str]] = [
 def test_the_decision_table(
     case: str, candidates: Sequence[Candidate], key: BalanceKey, favourite: str, reason: str
 ) -> None:
-    ordered, choice = balancer(KV_USAGE_POOL).choose(candidates, key)
+    ordered, choice = balancer().choose(candidates, key)
     assert choice is not None
     assert (choice.favourite, choice.reason) == (favourite, reason)
     assert ordered[0].name == favourite and sorted(c.name for c in ordered) == sorted(c.name for c in candidates)
-
-
-def test_the_kv_cache_use_is_not_consulted_unless_configured() -> None:
-    """A full KV cache is the normal state of a loaded vLLM engine: by default it moves nothing."""
-    ordered, choice = balancer().choose([fresh("b0"), fresh("b1", 2, kv_usage=0.99)], BalanceKey(cached=held(6, b1=5)))
-    assert choice is not None and (choice.favourite, choice.reason) == ("b1", "sticky")
 
 
 def test_nothing_cached_uses_the_consistent_hash_and_replicas_agree() -> None:
