@@ -1,7 +1,7 @@
 """A gateway replica in a process of its own, for the benchmarks: `gateway serve` on a config written
-to a temporary file, as a replica is deployed. Its metrics are read from its /metrics and its CPU
-from /proc, so nothing of the benchmark's own threads (its clients, its samplers) shares its GIL or
-is counted as its work."""
+to a file, as a replica is deployed. Its metrics are read from its /metrics and its CPU from /proc,
+so nothing of the benchmark's own threads (its clients, its samplers) shares its GIL or is counted
+as its work."""
 
 from __future__ import annotations
 
@@ -29,21 +29,41 @@ def free_port() -> int:
 
 
 class GatewayProcess:
-    def __init__(self, data: dict[str, Any]) -> None:
+    """`data`: the config (its server port is the one `start` picks); `workdir`: where the config
+    and the log go, kept after `stop` (default: a temporary directory, removed)."""
+
+    def __init__(self, data: dict[str, Any], log_level: str = "warning", workdir: Path | None = None) -> None:
         self._data = data
-        self._dir = tempfile.TemporaryDirectory(prefix="gateway-replica-")
+        self._log_level = log_level
+        self._temp: tempfile.TemporaryDirectory[str] | None = None
+        if workdir is None:
+            self._temp = tempfile.TemporaryDirectory(prefix="gateway-replica-")
+            workdir = Path(self._temp.name)
+        self._dir = workdir
         self._proc: subprocess.Popen[bytes] | None = None
         self.base_url = ""
 
-    def start(self, timeout: float = 30.0) -> GatewayProcess:
-        config = Path(self._dir.name) / "gateway.yaml"
-        config.write_text(yaml.safe_dump(self._data))
+    @property
+    def log_path(self) -> Path:
+        return self._dir / "gateway.log"
+
+    def start(self, timeout: float = 30.0, ready: str = "/healthz") -> GatewayProcess:
+        """Start it and wait until `ready` answers 200."""
+        self._dir.mkdir(parents=True, exist_ok=True)
+        config = self._dir / "gateway.yaml"
+        config.write_text(yaml.safe_dump(self._data), encoding="utf-8")
         port = free_port()
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+        path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+        env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}  # its log read as it runs
         cmd = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config), "--port", str(port)]
-        with (Path(self._dir.name) / "gateway.log").open("wb") as log:
+        with self.log_path.open("wb") as log:
             self._proc = subprocess.Popen(
-                [*cmd, "--log-level", "warning"], stdout=log, stderr=subprocess.STDOUT, env=env
+                [*cmd, "--log-level", self._log_level],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=ROOT,
+                env=env,
             )
         self.base_url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + timeout
@@ -51,13 +71,13 @@ class GatewayProcess:
             if self._proc.poll() is not None:
                 raise RuntimeError(f"the gateway exited ({self._proc.returncode}): {self.log()[-2000:]}")
             try:
-                if httpx.get(f"{self.base_url}/healthz", timeout=1).status_code == 200:
+                if httpx.get(f"{self.base_url}{ready}", timeout=2).status_code == 200:
                     return self
             except httpx.TransportError:
                 pass
             if time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"the gateway did not start: {self.log()[-2000:]}")
+                raise TimeoutError(f"the gateway was not ready in {timeout:.0f} s: {self.log()[-2000:]}")
             time.sleep(0.05)
 
     @property
@@ -83,8 +103,7 @@ class GatewayProcess:
         return total
 
     def log(self) -> str:
-        path = Path(self._dir.name) / "gateway.log"
-        return path.read_text(errors="replace") if path.exists() else ""
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def stop(self) -> None:
         if self._proc is not None and self._proc.poll() is None:
@@ -94,4 +113,5 @@ class GatewayProcess:
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 self._proc.wait()
-        self._dir.cleanup()
+        if self._temp is not None:
+            self._temp.cleanup()

@@ -60,7 +60,6 @@ import math
 import os
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -74,13 +73,13 @@ from typing import Any
 
 import aiohttp
 import httpx
-import yaml
 
 from engines.promtext import read_labelled
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.gateway_process import GatewayProcess  # noqa: E402
 from gateway.metrics import (  # noqa: E402  (bucket bounds, for the client's side)
     _DURATION_BUCKETS,
     _ITL_BUCKETS,
@@ -173,77 +172,30 @@ def wait_engine_idle(metrics_url: str, timeout: float = 60.0) -> None:
 # ---- the gateway, as its own process ------------------------------------------------------------
 
 
-@dataclass
-class GatewayProcess:
-    url: str
-    process: subprocess.Popen[bytes]
-    log_path: Path
-
-    @property
-    def metrics_url(self) -> str:
-        return f"{self.url}/metrics"
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=5)
-
-    def access_log(self) -> dict[str, tuple[float, float | None, int]]:
-        """request id -> (duration, ttft or None, out_tokens), from the gateway's access log."""
-        pattern = re.compile(r"gateway\.access (\S+) \S+ .* duration=([\d.]+) ttft=(\S+) out_tokens=(\d+)")
-        out = {}
-        for line in self.log_path.read_text(errors="replace").splitlines():
-            m = pattern.search(line)
-            if m:
-                ttft = None if m.group(3) == "-" else float(m.group(3))
-                out[m.group(1)] = (float(m.group(2)), ttft, int(m.group(4)))
-        return out
+def access_log(log: str) -> dict[str, tuple[float, float | None, int]]:
+    """request id -> (duration, ttft or None, out_tokens), from the gateway's access log."""
+    pattern = re.compile(r"gateway\.access (\S+) \S+ .* duration=([\d.]+) ttft=(\S+) out_tokens=(\d+)")
+    out = {}
+    for line in log.splitlines():
+        m = pattern.search(line)
+        if m:
+            ttft = None if m.group(3) == "-" else float(m.group(3))
+            out[m.group(1)] = (float(m.group(2)), ttft, int(m.group(4)))
+    return out
 
 
 def start_gateway(vllm_url: str, workdir: Path, max_in_flight: int | None = None) -> GatewayProcess:
-    port = servers.free_port()
     backend: dict[str, Any] = {"url": vllm_url, "name": "vllm-0", "model": servers.MODEL_NAME}
     if max_in_flight is not None:
         backend["max_in_flight"] = max_in_flight
     config = {
-        "server": {"host": "127.0.0.1", "port": port},
         # vLLM's API server shares its core with the decoding worker here: give /health time, or a
         # busy engine is marked down and the level measures 503s.
         "health": {"interval_s": 2, "timeout_s": 10, "scrape_interval_s": 1},
         "pools": {"vllm": {"engine": "vllm", "backends": [backend]}},
         "routes": [{"model": "tiny", "pools": ["vllm"]}],
     }
-    workdir.mkdir(parents=True, exist_ok=True)
-    path = workdir / "gateway.yaml"
-    path.write_text(yaml.safe_dump(config), encoding="utf-8")
-    log_path = workdir / "gateway.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path), "--log-level", "info"],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            cwd=REPO,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-    gw = GatewayProcess(f"http://127.0.0.1:{port}", process, log_path)
-    deadline = time.monotonic() + 30
-    while True:
-        if process.poll() is not None:
-            raise RuntimeError(f"the gateway exited with {process.returncode}:\n{log_path.read_text()}")
-        try:
-            if httpx.get(f"{gw.url}/readyz", timeout=2).status_code == 200:
-                return gw
-        except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline:
-            gw.stop()
-            raise TimeoutError(f"the gateway was not ready in 30 s:\n{log_path.read_text()}")
-        time.sleep(0.1)
+    return GatewayProcess(config, log_level="info", workdir=workdir).start(ready="/readyz")
 
 
 # ---- the client ---------------------------------------------------------------------------------
@@ -612,14 +564,14 @@ def run_level(
     wait_engine_idle(vllm.metrics_url)
     time.sleep(settle_s)  # Prometheus scrapes the idle state at least twice
     t_before = time.time()
-    gw0, vl0, vh0 = gateway_totals(gw.metrics_url), vllm_totals(vllm.metrics_url), scrape(vllm.metrics_url)
-    gh0 = scrape(gw.metrics_url)  # every bucket: the exact Δ quantile, beside rate()'s
-    run = asyncio.run(run_clients(gw.url, concurrency, duration, max_requests, max_tokens, prompt_words))
+    gw0, vl0, vh0 = gateway_totals(f"{gw.base_url}/metrics"), vllm_totals(vllm.metrics_url), scrape(vllm.metrics_url)
+    gh0 = scrape(f"{gw.base_url}/metrics")  # every bucket: the exact Δ quantile, beside rate()'s
+    run = asyncio.run(run_clients(gw.base_url, concurrency, duration, max_requests, max_tokens, prompt_words))
     wait_engine_idle(vllm.metrics_url)
     time.sleep(settle_s)  # and the state after the last request
     t_after = time.time()
-    gw1, vl1, vh1 = gateway_totals(gw.metrics_url), vllm_totals(vllm.metrics_url), scrape(vllm.metrics_url)
-    gh1 = scrape(gw.metrics_url)
+    gw1, vl1, vh1 = gateway_totals(f"{gw.base_url}/metrics"), vllm_totals(vllm.metrics_url), scrape(vllm.metrics_url)
+    gh1 = scrape(f"{gw.base_url}/metrics")
 
     ok = [r for r in run.requests if r.status == 200 and r.ttft is not None]
     ttfts = [r.ttft for r in ok if r.ttft is not None]
@@ -736,7 +688,7 @@ def run_level(
     )
 
     overhead: dict[str, float] = {}
-    log = gw.access_log()
+    log = access_log(gw.log())
     pairs = [(r, log[r.request_id]) for r in ok if r.request_id in log]
     if pairs:
         d_ttft = sorted((r.ttft - g[1]) * 1000 for r, g in pairs if r.ttft is not None and g[1] is not None)
@@ -822,7 +774,7 @@ def stack(
             isolate_engine(vllm.pid)
         gw = start_gateway(vllm.base_url, workdir)
         if with_prometheus:
-            prom = prometheus_server.start_prometheus(workdir / "prometheus", gw.url.removeprefix("http://"))
+            prom = prometheus_server.start_prometheus(workdir / "prometheus", gw.base_url.removeprefix("http://"))
             prom.wait_for_targets_up()
         yield vllm, gw, prom
     finally:
@@ -837,7 +789,7 @@ def stack(
 
 def warm_up(gw: GatewayProcess, max_tokens: int) -> None:
     """A few requests first: vLLM's first batches are slow, and every histogram series exists."""
-    asyncio.run(run_clients(gw.url, 2, 0.0, 2, max_tokens, tag="warmup"))
+    asyncio.run(run_clients(gw.base_url, 2, 0.0, 2, max_tokens, tag="warmup"))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -870,7 +822,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     t0 = time.monotonic()
     with stack(workdir, args.max_num_seqs, args.max_model_len) as (vllm, gw, prom):
         print(
-            f"vLLM ready in {vllm.ready_seconds:.0f} s (max_num_seqs {args.max_num_seqs}); gateway {gw.url}; "
+            f"vLLM ready in {vllm.ready_seconds:.0f} s (max_num_seqs {args.max_num_seqs}); gateway {gw.base_url}; "
             f"Prometheus {prom.url} scraping every 1 s\n",
             flush=True,
         )
