@@ -53,14 +53,31 @@ def _gpus() -> list[str]:
     return [line.strip() for line in done.stdout.splitlines() if line.strip()]
 
 
+def _cpu_model() -> str | None:
+    """The CPU's model name and whether it has AVX-512 (vLLM's CPU backend runs about twice as
+    fast with it), from /proc/cpuinfo (Linux)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return None
+    fields = dict(line.split(":", 1) for line in text.splitlines()[:40] if ":" in line)
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    name = fields.get("model name")
+    if name is None:
+        return None
+    return f"{name}, {'AVX-512' if 'avx512f' in fields.get('flags', '').split() else 'no AVX-512'}"
+
+
 def machine() -> dict[str, Any]:
-    """The machine a run is measured on: usable cores (`nproc`), memory (`free`), GPUs, `uname -a`."""
+    """The machine a run is measured on: usable cores (`nproc`), CPU model, memory (`free`), GPUs,
+    `uname -a`."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 0
-    memory, gpus = _memory_gib(), _gpus()
+    memory, gpus, model = _memory_gib(), _gpus(), _cpu_model()
     mem = f"{memory:g} GiB" if memory is not None else "memory unknown"
     return {
-        "description": f"{cpus} cores, {mem}, {', '.join(gpus) if gpus else 'no GPU'}",
+        "description": f"{cpus} cores{f' ({model})' if model else ''}, {mem}, {', '.join(gpus) if gpus else 'no GPU'}",
         "cpus": cpus,
+        "cpu_model": model,
         "memory_gib": memory,
         "gpus": gpus,
         "uname": " ".join(platform.uname()),
