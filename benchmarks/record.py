@@ -54,8 +54,8 @@ def _gpus() -> list[str]:
 
 
 def _cpu_model() -> str | None:
-    """The CPU's model name and whether it has AVX-512 (vLLM's CPU backend runs about twice as
-    fast with it), from /proc/cpuinfo (Linux)."""
+    """The CPU's model name and whether it has AVX-512 (vLLM's CPU backend has kernels for it), from
+    /proc/cpuinfo (Linux)."""
     try:
         text = Path("/proc/cpuinfo").read_text(errors="replace")
     except OSError:
