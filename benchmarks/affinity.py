@@ -241,7 +241,7 @@ class RunResult:
 
     @property
     def imbalance(self) -> float | None:
-        """max / mean of the replicas' time-averaged in-flight counts (None: not sampled)."""
+        """max / mean of the replicas' time-averaged in-flight counts (None: no gateway ran)."""
         values = list(self.mean_in_flight.values())
         if len(values) < 2 or not sum(values):
             return None
@@ -252,8 +252,8 @@ def in_flight(
     spans: Sequence[tuple[str, float, float]], names: Sequence[str], seconds: float
 ) -> tuple[dict[str, float], dict[str, int]]:
     """Each backend's time-averaged and peak count of requests in flight, from the client's own
-    (backend, sent, finished) spans: exact, where sampling the gateways' counters every few ms
-    missed short peaks and cost the CPU it measured."""
+    (backend, sent, finished) spans: exact, with no sampler in the run to miss a short peak or to
+    take CPU from the processes measured."""
     means = {n: sum(end - start for b, start, end in spans if b == n) / seconds if seconds > 0 else 0.0 for n in names}
     peaks: dict[str, int] = {}
     for n in names:
@@ -602,7 +602,7 @@ def run_gateway_policy(
         with TokenizeProbe([s.base_url for s in pair], opening(w, 0)) as tokenize:
             r = drive(balancer, urls, [s.metrics_url for s in pair], w, concurrency, names)
         r.gateway_cpu_ms = (sum(gw.cpu_seconds() for gw in started) - cpu0) * 1000 / max(r.requests, 1)
-        time.sleep(0.2)  # a request is accounted just after its last byte: let the last ones be
+        settled(started)
         r.event_batches = int(sum(gw.metric("gateway_kv_events_batches_total") for gw in started) - batches0)
         r.events = int(sum(gw.metric("gateway_kv_events_events_total") for gw in started) - events0)
         r.tokenize_p50_s, r.tokenize_p90_s = tokenize.quantile(0.5), tokenize.quantile(0.9)
@@ -619,6 +619,14 @@ def run_gateway_policy(
     finally:
         for gw in started:
             gw.stop()
+
+
+def settled(gateways: Sequence[GatewayProcess], timeout: float = 10.0) -> None:
+    """Wait until no gateway has a request in flight: a request is accounted (its prompt ids, its
+    predicted and served tokens) just after the client has its last byte."""
+    deadline = time.monotonic() + timeout
+    while any(gw.metric("gateway_requests_in_flight") for gw in gateways) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def caught_up(

@@ -66,18 +66,25 @@ class GatewayProcess:
                 env=env,
             )
         self.base_url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + timeout
+        try:
+            self._wait_ready(ready, time.monotonic() + timeout)
+        except BaseException:  # a failed start (or Ctrl-C) leaves no process and no directory behind
+            self.stop()
+            raise
+        return self
+
+    def _wait_ready(self, ready: str, deadline: float) -> None:
+        assert self._proc is not None
         while True:
             if self._proc.poll() is not None:
                 raise RuntimeError(f"the gateway exited ({self._proc.returncode}): {self.log()[-2000:]}")
             try:
                 if httpx.get(f"{self.base_url}{ready}", timeout=2).status_code == 200:
-                    return self
+                    return
             except httpx.TransportError:
                 pass
             if time.monotonic() > deadline:
-                self.stop()
-                raise TimeoutError(f"the gateway was not ready in {timeout:.0f} s: {self.log()[-2000:]}")
+                raise TimeoutError(f"the gateway was not ready: {self.log()[-2000:]}")
             time.sleep(0.05)
 
     @property
