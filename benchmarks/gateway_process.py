@@ -53,7 +53,8 @@ class GatewayProcess:
         config = self._dir / "gateway.yaml"
         config.write_text(yaml.safe_dump(self._data), encoding="utf-8")
         port = free_port()
-        path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+        # after the caller's PYTHONPATH: a compiled build put there is the gateway that runs
+        path = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(ROOT)]))
         env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}  # its log read as it runs
         cmd = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config), "--port", str(port)]
         with self.log_path.open("wb") as log:
