@@ -580,6 +580,7 @@ def run_level(
     tpss = [r.tps for r in ok if r.tps is not None]
     client_values = {"TTFT": ttfts, "ITL": gaps, "e2e": e2es, "per-request tok/s": tpss}
     c_out = sum(r.completion_tokens for r in run.requests)
+    client_rate = c_out / run.wall
     c_prompt = sum(r.prompt_tokens for r in run.requests)
 
     def delta(name: str) -> float:
@@ -600,10 +601,17 @@ def run_level(
         e2e_count = pdelta("sum(gateway_request_duration_seconds_count)")
         out = pdelta("sum(gateway_output_tokens_total)")
         prompt = pdelta("sum(gateway_prompt_tokens_total)")
-        rate = prom_value(prom, f"sum(rate(gateway_output_tokens_total[{math.ceil(run.wall * 1000)}ms]))", run.t_end)
+        # rate() at the first scrape after the client's end, over the span since the client's start:
+        # the counter moves when an answer ends, so at the client's own end time rate() misses the
+        # answers that ended together after the last scrape (with 2 s answers at 4 clients, a fifth
+        # of a 10 s level's tokens), which says when Prometheus heard, not what the gateway counted.
+        t_rate = first_sample_after(prom, "gateway_output_tokens_total", run.t_end, t_after)
+        span = t_rate - run.t_start
+        rate = prom_value(prom, f"sum(rate(gateway_output_tokens_total[{math.ceil(span * 1000)}ms]))", t_rate)
+        client_rate = c_out / span
         rate_note = (
-            f"gateway: sum(rate(gateway_output_tokens_total[{run.wall:.1f}s])) at the client's end time; "
-            f"client: its completion tokens / wall time. {_rate_diagnosis(prom, run)}"
+            f"gateway: sum(rate(gateway_output_tokens_total[{span:.1f}s])) at the first scrape after the client's "
+            f"end; client: its completion tokens over the same span. {_rate_diagnosis(prom, run, t_rate, span)}"
         )
         quantiles = {
             (what, q): prom_value(prom, dashboard_quantile(family, q, window), t_after)
@@ -682,7 +690,7 @@ def run_level(
 
     rows.append(Row("output tokens", c_out, out, vdelta("vllm:generation_tokens_total"), TARGET_TOKENS))
     rows.append(Row("prompt tokens", c_prompt, prompt, vdelta("vllm:prompt_tokens_total"), TARGET_TOKENS))
-    rows.append(Row("aggregate output tok/s", c_out / run.wall, rate, None, TARGET_RATE, note=rate_note))
+    rows.append(Row("aggregate output tok/s", client_rate, rate, None, TARGET_RATE, note=rate_note))
     checks["every request answered 200 with content"] = all(
         r.status == 200 and r.ttft is not None for r in run.requests
     )
@@ -716,10 +724,17 @@ def run_level(
     )
 
 
-def _rate_diagnosis(prom: Any, run: ClientRun) -> str:
+def first_sample_after(prom: Any, metric: str, after: float, now: float) -> float:
+    """The time of the first sample of `metric` Prometheus stored after `after` (`now` at the latest)."""
+    data = prom.api("query", query=f"{metric}[{math.ceil((now - after) * 1000)}ms]", time=f"{now:.3f}")
+    times = [float(ts) for series in data["result"] for ts, _ in series["values"] if float(ts) > after]
+    return min(times, default=now)
+
+
+def _rate_diagnosis(prom: Any, run: ClientRun, at: float, span: float) -> str:
     """What rate() saw: the raw samples in the window, and the client's own rate over the same span."""
-    window = f"{math.ceil(run.wall * 1000)}ms"
-    data = prom.api("query", query=f"gateway_output_tokens_total[{window}]", time=f"{run.t_end:.3f}")
+    window = f"{math.ceil(span * 1000)}ms"
+    data = prom.api("query", query=f"gateway_output_tokens_total[{window}]", time=f"{at:.3f}")
     points: dict[float, float] = {}
     for series in data["result"]:
         for ts, value in series["values"]:
@@ -735,7 +750,7 @@ def _rate_diagnosis(prom: Any, run: ClientRun) -> str:
     total = sum(r.completion_tokens for r in run.requests) or 1
     return (
         f"rate() had {len(times)} samples, the first {first - run.t_start:.2f} s after the start and the last "
-        f"{run.t_end - last:.2f} s before the end. Between them the counter rose at {sampled:.1f} tok/s and the "
+        f"{last - run.t_end:.2f} s after the end. Between them the counter rose at {sampled:.1f} tok/s and the "
         f"client's completed tokens at {client:.1f} tok/s ({_pct((sampled - client) / client) if client else 'n/a'}"
         f"); rate() extrapolates that to the window. Outside them: {len(before)} requests "
         f"({sum(r.completion_tokens for r in before) / total:.1%} of the tokens) ended before the first sample "
