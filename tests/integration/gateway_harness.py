@@ -235,6 +235,50 @@ def vllm_frees_when_left(
             server.stop()
 
 
+def llamacpp_frees_when_left(
+    engine_launcher: Callable[..., Any],
+    data_for: Callable[[str], dict[str, Any]],
+    leave: Callable[[GatewayThread, Callable[[], bool]], object],
+    **labels: str,
+) -> None:
+    """Leave a long llama.cpp stream through the gateway (`leave(gw, busy)`, on a one-slot server of
+    its own behind a gateway configured by `data_for(server_url)`) and prove the engine stopped
+    work: it decoded fewer than `_LLAMACPP_STOPPED` tokens for the request, its slot is free again,
+    and the gateway counted a mid-stream disconnect (with `labels`).
+
+    The witness is the engine's decode count, not how soon its slot reads as free: the tiny model's
+    4,096-token training window caps the slot whatever -c asks, so the whole answer is 4,078 tokens,
+    one to three seconds here, and the busy flag of a slot that stopped at once can lag by a large
+    part of that on a loaded machine. A gateway that keeps the upstream open lets the engine decode
+    all 4,078."""
+    server = engine_launcher("llamacpp", ctx_per_slot=8192, parallel=1)
+
+    def busy() -> bool:
+        return any(s.get("is_processing") for s in httpx.get(server.base_url + "/slots", timeout=5).json())
+
+    def decoded() -> float:
+        return engine_metric(server.metrics_url, "llamacpp:n_decode_total")
+
+    with running_gateway(data_for(server.base_url)) as gw:
+        before = decoded()
+        leave(gw, busy)
+        gateway_done = idle_within(gw.idle, timeout=15)
+        freed = idle_within(lambda: not busy(), timeout=10) + gateway_done
+        spent = decoded() - before
+        assert spent < _LLAMACPP_STOPPED, (
+            f"llama.cpp decoded {spent:.0f} tokens for a request the client left after three events (the "
+            f"whole answer: 4,078); the gateway ended its request {gateway_done:.2f} s after the client "
+            f"left, and the slot was free after {freed:.2f} s"
+        )
+        wait_for(lambda: gw.metric("gateway_client_disconnects_total", stage="mid_stream", **labels) >= 1, 5)
+
+
+_LLAMACPP_STOPPED = 1000
+"""Decoded tokens: the client leaves after three events (and a look at /slots), and the engine notices
+the closed connection at its next token; 1,000 leaves a second of this machine's decoding for the
+gateway's reaction and the engine's, and is a quarter of the whole answer."""
+
+
 def leave_mid_stream(
     gw: GatewayThread,
     path: str,

@@ -14,8 +14,8 @@ import pytest
 from tests.integration.gateway_harness import (
     GatewayThread,
     engine_metric,
-    idle_within,
     leave_mid_stream,
+    llamacpp_frees_when_left,
     running_gateway,
     vllm_frees_when_left,
     wait_for,
@@ -222,22 +222,14 @@ def stream_then_leave(gw: GatewayThread, model: str, max_tokens: int, engine_bus
 GO_ON = [{"role": "user", "content": "go on"}]
 
 
-def test_disconnect_frees_the_llamacpp_slot(gateway: GatewayThread, engine_launcher: Any) -> None:
-    # Big slots, so that a generation lasts long enough to leave in the middle of it.
-    server = engine_launcher("llamacpp", ctx_per_slot=8192, parallel=1)
-    data = {
-        "pools": {"p": {"engine": "llamacpp", "backends": [{"url": server.base_url, "model": "tiny"}]}},
-        "routes": [{"model": "big", "pools": ["p"]}],
-    }
+def test_disconnect_frees_the_llamacpp_slot(engine_launcher: Any) -> None:
+    def data(url: str) -> dict[str, Any]:
+        return {
+            "pools": {"p": {"engine": "llamacpp", "backends": [{"url": url, "model": "tiny"}]}},
+            "routes": [{"model": "big", "pools": ["p"]}],
+        }
 
-    def busy() -> bool:
-        slots = httpx.get(server.base_url + "/slots", timeout=5).json()
-        return any(s.get("is_processing") for s in slots)
-
-    with running_gateway(data) as gw:
-        stream_then_leave(gw, "big", 8000, busy)
-        assert idle_within(lambda: not busy(), timeout=10) < 1.0
-        wait_for(lambda: gw.metric("gateway_client_disconnects_total", stage="mid_stream") >= 1, 5)
+    llamacpp_frees_when_left(engine_launcher, data, lambda gw, busy: stream_then_leave(gw, "big", 8000, busy))
 
 
 def test_disconnect_frees_the_vllm_request(engine_launcher: Any) -> None:

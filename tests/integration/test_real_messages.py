@@ -16,8 +16,8 @@ from anthropic.types import MessageParam
 
 from tests.integration.gateway_harness import (
     GatewayThread,
-    idle_within,
     leave_mid_stream,
+    llamacpp_frees_when_left,
     running_gateway,
     vllm_frees_when_left,
     wait_for,
@@ -139,21 +139,17 @@ def stream_then_leave(gw: GatewayThread, model: str, max_tokens: int, extra: dic
 
 
 def test_leaving_a_messages_stream_frees_the_llamacpp_slot(engine_launcher: Any) -> None:
-    server = engine_launcher("llamacpp", ctx_per_slot=8192, parallel=1)
-    data = {
-        "keys": [{"name": "c", "key": KEY}],
-        "pools": {"p": {"engine": "llamacpp", "backends": [{"url": server.base_url, "model": "tiny"}]}},
-        "routes": [{"model": "big", "pools": ["p"]}],
-    }
+    def data(url: str) -> dict[str, Any]:
+        return {
+            "keys": [{"name": "c", "key": KEY}],
+            "pools": {"p": {"engine": "llamacpp", "backends": [{"url": url, "model": "tiny"}]}},
+            "routes": [{"model": "big", "pools": ["p"]}],
+        }
 
-    def busy() -> bool:
-        slots = httpx.get(server.base_url + "/slots", timeout=5).json()
-        return any(s.get("is_processing") for s in slots)
-
-    with running_gateway(data) as gw:
+    def leave(gw: GatewayThread, busy: Any) -> None:
         stream_then_leave(gw, "big", 8000, {"ignore_eos": True}, busy)
-        assert idle_within(lambda: not busy(), timeout=10) < 1.0
-        wait_for(lambda: gw.metric("gateway_client_disconnects_total", stage="mid_stream", api="messages") >= 1, 5)
+
+    llamacpp_frees_when_left(engine_launcher, data, leave, api="messages")
 
 
 def test_leaving_a_messages_stream_frees_the_vllm_request(engine_launcher: Any) -> None:

@@ -19,11 +19,10 @@ from engines.sim.server import SimParams, SimServer
 from tests.integration.conftest import _require_engine, servers
 from tests.integration.gateway_harness import (
     GatewayThread,
-    idle_within,
     leave_mid_stream,
+    llamacpp_frees_when_left,
     running_gateway,
     vllm_frees_when_left,
-    wait_for,
 )
 
 
@@ -172,25 +171,16 @@ def test_leaving_a_responses_stream_frees_vllm(engine_launcher: Any) -> None:
 
 
 def test_leaving_a_translated_responses_stream_frees_the_llamacpp_slot(engine_launcher: Any) -> None:
-    server = engine_launcher("llamacpp", ctx_per_slot=8192, parallel=1)
-    data = {
-        "pools": {"p": {"engine": "llamacpp", "backends": [{"url": server.base_url, "model": "tiny"}]}},
-        "routes": [{"model": "big", "pools": ["p"]}],
-    }
+    def data(url: str) -> dict[str, Any]:
+        return {
+            "pools": {"p": {"engine": "llamacpp", "backends": [{"url": url, "model": "tiny"}]}},
+            "routes": [{"model": "big", "pools": ["p"]}],
+        }
 
-    def busy() -> bool:
-        return any(s.get("is_processing") for s in httpx.get(server.base_url + "/slots", timeout=5).json())
-
-    with running_gateway(data) as gw:
-        leave_mid_stream(
-            gw,
-            "/v1/responses",
-            {"model": "big", "input": "go on", "max_output_tokens": 8000, "stream": True},
-            DELTA,
-            busy,
-        )
-        assert idle_within(lambda: not busy(), timeout=10) < 1.0
-        wait_for(lambda: gw.metric("gateway_client_disconnects_total", stage="mid_stream") >= 1, 5)
+    body = {"model": "big", "input": "go on", "max_output_tokens": 8000, "stream": True}
+    llamacpp_frees_when_left(
+        engine_launcher, data, lambda gw, busy: leave_mid_stream(gw, "/v1/responses", body, DELTA, busy)
+    )
 
 
 @pytest.mark.parametrize("model", ["vllm", "llama"])
