@@ -76,7 +76,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout: the engine launcher lives in tests/
 
 from benchmarks import record  # noqa: E402
-from benchmarks.gateway_process import GatewayProcess  # noqa: E402
+from benchmarks.gateway_process import GatewayProcess, cpu_seconds  # noqa: E402
 from gateway.config import SharedPrefixConfig  # noqa: E402
 from gateway.policy.kv import kv_spec_from_hf_config  # noqa: E402
 from gateway.policy.prefix import canonical_prompt  # noqa: E402
@@ -317,13 +317,6 @@ def pooled(runs: Sequence[RunResult]) -> RunResult:
     out.tokenize_p50_s = tok50[len(tok50) // 2] if tok50 else None
     out.tokenize_p90_s = tok90[len(tok90) // 2] if tok90 else None
     return out
-
-
-def cpu_seconds(tid: int, pid: int | str = "self") -> float:
-    """utime + stime of a thread (/proc/PID/task/TID) or, with tid 0, of a process (/proc/PID)."""
-    path = f"/proc/{pid}/task/{tid}/stat" if tid else f"/proc/{pid}/stat"
-    fields = Path(path).read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class TokenizeProbe:

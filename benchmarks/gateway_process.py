@@ -28,6 +28,13 @@ def free_port() -> int:
         return port
 
 
+def cpu_seconds(tid: int, pid: int | str = "self") -> float:
+    """utime + stime of a thread (/proc/PID/task/TID) or, with tid 0, of a process (/proc/PID)."""
+    path = f"/proc/{pid}/task/{tid}/stat" if tid else f"/proc/{pid}/stat"
+    fields = Path(path).read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class GatewayProcess:
     """`data`: the config (its server port is the one `start` picks); `workdir`: where the config
     and the log go, kept after `stop` (default: a temporary directory, removed)."""
@@ -96,8 +103,7 @@ class GatewayProcess:
     def cpu_seconds(self) -> float:
         """utime + stime of the whole process: the event loop, its encode worker and its event
         subscribers' threads."""
-        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return cpu_seconds(0, self.pid)
 
     def metric(self, name: str, **labels: str) -> float:
         """The sum of a metric's samples with these labels (`name` as exposed: `..._total` for a
