@@ -33,11 +33,30 @@ def pinned_versions() -> dict[str, str]:
     return pins
 
 
+EMPTY_ANSWER_REMINDER = "no visible output"
+"""What Claude Code adds to the conversation when it asks again after an answer with no text."""
+
+
 @dataclass
 class AgentRun:
     returncode: int
     stdout: str
     stderr: str
+    home: Path | None = None
+    """The agent's HOME (its session transcripts), for runs made here."""
+
+    def claude_empty_answer_retries(self) -> int:
+        """How often Claude Code asked again because an answer had no visible text (the random-weight
+        model can end a turn at its first token), read from its session transcript."""
+        if self.home is None:
+            return 0
+        retries = 0
+        for transcript in (self.home / ".claude" / "projects").glob("*/*.jsonl"):
+            for line in transcript.read_text(errors="replace").splitlines():
+                entry = json.loads(line) if line.startswith("{") else {}
+                if entry.get("type") == "user" and EMPTY_ANSWER_REMINDER in json.dumps(entry.get("message")):
+                    retries += 1
+        return retries
 
     def claude_result(self) -> dict[str, Any]:
         """Claude Code's --output-format json result (its last JSON line)."""
@@ -98,7 +117,7 @@ def run_claude(
     done = subprocess.run(
         argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
     )
-    return AgentRun(done.returncode, done.stdout, done.stderr)
+    return AgentRun(done.returncode, done.stdout, done.stderr, home)
 
 
 def codex_config(base_url: str, model: str) -> str:
