@@ -229,7 +229,7 @@ def test_disconnect_frees_the_llamacpp_slot(engine_launcher: Any) -> None:
             "routes": [{"model": "big", "pools": ["p"]}],
         }
 
-    llamacpp_frees_when_left(engine_launcher, data, lambda gw, busy: stream_then_leave(gw, "big", 8000, busy))
+    llamacpp_frees_when_left(engine_launcher, data, lambda gw: stream_then_leave(gw, "big", 8000, None))
 
 
 def test_disconnect_frees_the_vllm_request(engine_launcher: Any) -> None:

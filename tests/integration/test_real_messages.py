@@ -146,8 +146,8 @@ def test_leaving_a_messages_stream_frees_the_llamacpp_slot(engine_launcher: Any)
             "routes": [{"model": "big", "pools": ["p"]}],
         }
 
-    def leave(gw: GatewayThread, busy: Any) -> None:
-        stream_then_leave(gw, "big", 8000, {"ignore_eos": True}, busy)
+    def leave(gw: GatewayThread) -> None:
+        stream_then_leave(gw, "big", 8000, {"ignore_eos": True}, None)
 
     llamacpp_frees_when_left(engine_launcher, data, leave, api="messages")
 
