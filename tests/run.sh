@@ -67,7 +67,7 @@ say "tests"
 export GATEWAY_REQUIRE_ENGINES=${GATEWAY_REQUIRE_ENGINES:-1}
 export GATEWAY_REQUIRE_PROMETHEUS=${GATEWAY_REQUIRE_PROMETHEUS:-1}
 export GATEWAY_REQUIRE_REDIS=${GATEWAY_REQUIRE_REDIS:-1}
-python3 -m pytest "$@"
+python3 -m pytest --durations=30 "$@"  # the slowest tests, to see where CI time goes
 
 say "tests, compiled build (setup.py's mypyc modules, as deploy/Dockerfile builds them): the request path's tiers"
 # The same tests against the compiled modules: a build in a cache folder keyed by the sources, put
@@ -80,5 +80,5 @@ native=$(bash deploy/build-compiled.sh)
 # policy and engines that the Python run already covers, and would double a warm run's length.
 COMPILED_INTEGRATION=(test_real_engines.py test_real_messages.py test_real_responses.py test_real_llamacpp_hostile.py test_exact_caps.py)
 PYTHONSAFEPATH=1 PYTHONPATH="$native:$PWD" GATEWAY_EXPECT_COMPILED=1 python3 -m pytest -o pythonpath="$native" \
-    -p no:cacheprovider tests/unit tests/live tests/sim "${COMPILED_INTEGRATION[@]/#/tests/integration/}" "$@"
+    -p no:cacheprovider --durations=30 tests/unit tests/live tests/sim "${COMPILED_INTEGRATION[@]/#/tests/integration/}" "$@"
 say "done"
