@@ -79,6 +79,10 @@ class GatewayThread:
     def metric(self, name: str, **labels: str) -> float:
         """The sum of a metric's samples with these labels, once every request in flight is accounted."""
         self.settle()
+        return self.metric_now(name, **labels)
+
+    def metric_now(self, name: str, **labels: str) -> float:
+        """metric() without waiting for the requests in flight (one may be stuck)."""
         total = 0.0
         for family in self.gateway.metrics.registry.collect():
             for s in family.samples:
@@ -217,7 +221,21 @@ def vllm_stops_when_left(
             left_at = time.monotonic()
             leave()
             stalls.reset()
-            gateway_done = idle_within(gw.idle, timeout=15)
+            waiting_from = time.monotonic()
+            try:
+                gateway_done = idle_within(gw.idle, timeout=15)
+            except TimeoutError:
+                waited, frozen = time.monotonic() - waiting_from, stalls.longest()
+                if waited - frozen < 1.0:  # the process hardly ran while it waited: try again
+                    idle_within(gw.idle, timeout=60)
+                    stalled += 1
+                    continue
+                left = gw.metric_now("gateway_client_disconnects_total", stage="mid_stream", **labels) - left_before
+                raise AssertionError(
+                    f"the gateway was still handling the request {waited:.1f} s after the client left; it "
+                    f"counted {left:.0f} mid-stream disconnect(s), vLLM generated {generated() - before:.0f} "
+                    f"tokens, and the gateway's process went {frozen:.2f} s at most without running"
+                ) from None
             took = idle_within(lambda: running() == 0, timeout=15) + gateway_done
             settled = generated()
             frozen = stalls.longest()
