@@ -213,6 +213,10 @@ def vllm_stops_when_left(
             for reason in ("stop", "length", "abort", "error")
         }
 
+    def disconnects() -> float:
+        """The gateway's mid-stream disconnects, read without waiting for a request that may be stuck."""
+        return gw.metric_now("gateway_client_disconnects_total", stage="mid_stream", **labels)
+
     whole = late = stalled = 0
     with ProcessStalls() as stalls:
         for _ in range(_LEAVE_TRIES):
@@ -230,11 +234,11 @@ def vllm_stops_when_left(
                     idle_within(gw.idle, timeout=60)
                     stalled += 1
                     continue
-                left = gw.metric_now("gateway_client_disconnects_total", stage="mid_stream", **labels) - left_before
                 raise AssertionError(
                     f"the gateway was still handling the request {waited:.1f} s after the client left; it "
-                    f"counted {left:.0f} mid-stream disconnect(s), vLLM generated {generated() - before:.0f} "
-                    f"tokens, and the gateway's process went {frozen:.2f} s at most without running"
+                    f"counted {disconnects() - left_before:.0f} mid-stream disconnect(s), vLLM generated "
+                    f"{generated() - before:.0f} tokens, and the gateway's process went {frozen:.2f} s at most "
+                    "without running"
                 ) from None
             took = idle_within(lambda: running() == 0, timeout=15) + gateway_done
             settled = generated()
@@ -250,13 +254,12 @@ def vllm_stops_when_left(
                 if took - frozen < 1.0:  # slow only while the process could not run
                     stalled += 1
                     continue
-                left = gw.metric("gateway_client_disconnects_total", stage="mid_stream", **labels) - left_before
                 raise AssertionError(
                     f"vLLM was still running {took:.2f} s after the client left: it generated "
                     f"{settled - before:.0f} tokens and finished with {reasons}; the gateway ended the request "
                     f"{gateway_done:.2f} s after the client left ({time.monotonic() - left_at:.1f} s ago) and "
-                    f"counted {left:.0f} mid-stream disconnect(s); the gateway's process went {frozen:.2f} s "
-                    "at most without running"
+                    f"counted {disconnects() - left_before:.0f} mid-stream disconnect(s); the gateway's process went "
+                    f"{frozen:.2f} s at most without running"
                 )
             assert gw.metric("gateway_client_disconnects_total", stage="mid_stream", **labels) == left_before + 1
             with pytest.raises(TimeoutError):  # and over the next second nothing more is generated for it
