@@ -197,7 +197,9 @@ async def test_the_api_down_at_start_keeps_readiness_false_and_retries(cluster: 
     assert c.metric("gateway_inference_pool_watch_restarts_total", pool="vllm", inference_pool="vllm", reason="error")
     c.api.down = False
     await until(lambda: c.members() == {name(IPS[0], c): True}, "the first list once the API is back")
-    assert health.status("readiness") == health_pb2.HealthCheckResponse.SERVING
+    # The members show before the first list's health check returns and marks the pool synced.
+    serving = health_pb2.HealthCheckResponse.SERVING
+    await until(lambda: health.status("readiness") == serving, "readiness once the first list is applied")
     assert await c.ready()
     c.api.down = True  # the API gone later: the members stay
     c.api.end_watches()
