@@ -63,11 +63,30 @@ else
     echo "nginx or wrk missing (not root): the overhead smoke is skipped"
 fi
 
-say "tests"
 export GATEWAY_REQUIRE_ENGINES=${GATEWAY_REQUIRE_ENGINES:-1}
 export GATEWAY_REQUIRE_PROMETHEUS=${GATEWAY_REQUIRE_PROMETHEUS:-1}
 export GATEWAY_REQUIRE_REDIS=${GATEWAY_REQUIRE_REDIS:-1}
-python3 -m pytest --durations=30 "$@"  # the slowest tests, to see where CI time goes
+# Each run goes in two parts (tests/conftest.py's --part): the tests that share a machine well on
+# GATEWAY_TEST_WORKERS pytest-xdist workers (they mostly wait on sockets, so more workers than
+# cores), then the real engines, Prometheus and the `serial` tests one at a time. Exit code 5 is
+# "nothing selected", e.g. `-m "not integration"` leaves the serial part almost empty.
+WORKERS=${GATEWAY_TEST_WORKERS:-4}
+pytest_part() {
+    local part=$1
+    shift
+    local rc=0
+    if [ "$part" = parallel ]; then
+        python3 -m pytest --durations=30 --part parallel -n "$WORKERS" "$@" || rc=$?
+    else
+        python3 -m pytest --durations=30 --part serial "$@" || rc=$?
+    fi
+    [ "$rc" = 0 ] || [ "$rc" = 5 ] || return "$rc"
+}
+
+say "tests, in parallel: unit, deploy, live, sim"
+pytest_part parallel "$@"  # --durations: the slowest tests, to see where CI time goes
+say "tests, one at a time: the real engines, Prometheus, the latency judges"
+pytest_part serial "$@"
 
 say "tests, compiled build (setup.py's mypyc modules, as deploy/Dockerfile builds them): the request path's tiers"
 # The same tests against the compiled modules: a build in a cache folder keyed by the sources, put
@@ -79,6 +98,9 @@ native=$(bash deploy/build-compiled.sh)
 # real engines; the rest (the agents, SGLang's start, the routing and metric-truth studies) test
 # policy and engines that the Python run already covers, and would double a warm run's length.
 COMPILED_INTEGRATION=(test_real_engines.py test_real_messages.py test_real_responses.py test_real_llamacpp_hostile.py test_exact_caps.py)
-PYTHONSAFEPATH=1 PYTHONPATH="$native:$PWD" GATEWAY_EXPECT_COMPILED=1 python3 -m pytest -o pythonpath="$native" \
-    -p no:cacheprovider --durations=30 tests/unit tests/live tests/sim "${COMPILED_INTEGRATION[@]/#/tests/integration/}" "$@"
+COMPILED_TIERS=(tests/unit tests/live tests/sim "${COMPILED_INTEGRATION[@]/#/tests/integration/}")
+for part in parallel serial; do
+    PYTHONSAFEPATH=1 PYTHONPATH="$native:$PWD" GATEWAY_EXPECT_COMPILED=1 \
+        pytest_part "$part" -o pythonpath="$native" -p no:cacheprovider "${COMPILED_TIERS[@]}" "$@"
+done
 say "done"

@@ -12,7 +12,7 @@ import pytest
 
 from benchmarks.isolation import HOSTILE, measure
 
-pytestmark = [pytest.mark.live, pytest.mark.slow]
+pytestmark = [pytest.mark.live, pytest.mark.slow, pytest.mark.serial]
 
 QUIET_FLOOR_MS = 15.0
 """A quiet p99 under this counts as this: the probe's round trip through loopback, two processes and
