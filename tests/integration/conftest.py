@@ -3,6 +3,9 @@
 - ``llamacpp_server`` (session): llama-server on the tiny GGUF, 4 slots of 512 tokens each, --metrics.
 - ``llamacpp_no_alias`` (session): the same, started with no alias (it serves the model file's path).
 - ``vllm_server`` (session): vLLM on the tiny HF model, max_model_len 1024, max_num_seqs 2.
+- ``vllm_long_server`` (session): vLLM with max_model_len 4096 and max_num_seqs 2, the window the
+  leave tests' 4,000-token streams need; they start a fresh one only when this one hands a whole
+  stream over at once.
 - ``sglang_server`` (session): SGLang on the CPU on the tiny HF model, context_length 4096,
   max_running_requests 4, --enable-metrics, --enable-cache-report. ``GATEWAY_SGLANG=0`` skips its tests
   (loudly; a FAILURE when CI=true); ``GATEWAY_SGLANG=1`` makes a missing install a failure.
@@ -130,6 +133,17 @@ def vllm_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
     _require_engine(request.config, "vllm")
     log = tmp_path_factory.mktemp("engines") / "vllm-session.log"
     server = servers.start_vllm(max_model_len=1024, max_num_seqs=2, log_path=log)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_long_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    _require_engine(request.config, "vllm")
+    log = tmp_path_factory.mktemp("engines") / "vllm-long-session.log"
+    server = servers.start_vllm(max_model_len=4096, max_num_seqs=2, log_path=log)
     try:
         yield server
     finally:

@@ -283,18 +283,20 @@ class EngineRanAhead(AssertionError):
 
 
 def vllm_frees_when_left(
+    vllm_long_server: Any,
     engine_launcher: Callable[..., Any],
     data_for: Callable[[str], dict[str, Any]],
     leave: Callable[[GatewayThread], object],
     max_tokens: int,
     **labels: str,
 ) -> None:
-    """vllm_stops_when_left on a vLLM server of its own (4,096-token window, two sequences), behind
-    a gateway configured by `data_for(server_url)`. The servers that hand whole streams over do so
-    on every try (it is the server, not the try), so when one does, the witness is made once more
-    on a fresh server; a gateway that does not close the upstream fails on both."""
+    """vllm_stops_when_left on the session's vLLM server with a 4,096-token window and two
+    sequences (conftest's `vllm_long_server`), behind a gateway configured by `data_for(server_url)`.
+    The servers that hand whole streams over do so on every try (it is the server, not the try), so
+    when that one does, the witness is made once more on a fresh server of the same settings; a
+    gateway that does not close the upstream fails on both."""
     for fresh in range(_FRESH_SERVERS):
-        server = engine_launcher("vllm", max_model_len=4096, max_num_seqs=2)
+        server = vllm_long_server if fresh == 0 else engine_launcher("vllm", max_model_len=4096, max_num_seqs=2)
         try:
             with running_gateway(data_for(server.base_url)) as gw:
                 vllm_stops_when_left(gw, server.metrics_url, functools.partial(leave, gw), max_tokens, **labels)
@@ -303,7 +305,8 @@ def vllm_frees_when_left(
             if fresh == _FRESH_SERVERS - 1:
                 raise
         finally:
-            server.stop()
+            if server is not vllm_long_server:
+                server.stop()
 
 
 def llamacpp_frees_when_left(

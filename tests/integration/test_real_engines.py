@@ -232,7 +232,7 @@ def test_disconnect_frees_the_llamacpp_slot(engine_launcher: Any) -> None:
     llamacpp_frees_when_left(engine_launcher, data, lambda gw: stream_then_leave(gw, "big", 8000, None))
 
 
-def test_disconnect_frees_the_vllm_request(engine_launcher: Any) -> None:
+def test_disconnect_frees_the_vllm_request(vllm_long_server: Any, engine_launcher: Any) -> None:
     """A long context of its own, so that the generation outlasts the disconnect: 4,000 tokens take
     this engine seconds; the client leaves after three events, tens of milliseconds in."""
 
@@ -242,7 +242,10 @@ def test_disconnect_frees_the_vllm_request(engine_launcher: Any) -> None:
             "routes": [{"model": "long", "pools": ["p"]}],
         }
 
-    vllm_frees_when_left(engine_launcher, data, lambda gw: stream_then_leave(gw, "long", 4000, lambda: True), 4000)
+    def leave(gw: GatewayThread) -> None:
+        stream_then_leave(gw, "long", 4000, lambda: True)
+
+    vllm_frees_when_left(vllm_long_server, engine_launcher, data, leave, 4000)
 
 
 def test_gateway_reads_engine_load(gateway: GatewayThread) -> None:

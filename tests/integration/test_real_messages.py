@@ -152,7 +152,7 @@ def test_leaving_a_messages_stream_frees_the_llamacpp_slot(engine_launcher: Any)
     llamacpp_frees_when_left(engine_launcher, data, leave, api="messages")
 
 
-def test_leaving_a_messages_stream_frees_the_vllm_request(engine_launcher: Any) -> None:
+def test_leaving_a_messages_stream_frees_the_vllm_request(vllm_long_server: Any, engine_launcher: Any) -> None:
     """As the chat test (test_real_engines.py). vLLM's Messages has no ignore_eos; greedy decoding
     of the random tiny model does not stop."""
 
@@ -166,4 +166,4 @@ def test_leaving_a_messages_stream_frees_the_vllm_request(engine_launcher: Any) 
     def leave(gw: GatewayThread) -> None:
         stream_then_leave(gw, "long", 4000, {"temperature": 0}, lambda: True)
 
-    vllm_frees_when_left(engine_launcher, data, leave, 4000, api="messages")
+    vllm_frees_when_left(vllm_long_server, engine_launcher, data, leave, 4000, api="messages")

@@ -159,7 +159,7 @@ def test_previous_response_id_across_two_backends(client: openai.OpenAI, sim: Si
 DELTA = b"response.output_text.delta"
 
 
-def test_leaving_a_responses_stream_frees_vllm(engine_launcher: Any) -> None:
+def test_leaving_a_responses_stream_frees_vllm(vllm_long_server: Any, engine_launcher: Any) -> None:
     def data(url: str) -> dict[str, Any]:
         return {
             "pools": {"p": {"engine": "vllm", "backends": [{"url": url, "model": "tiny"}]}},
@@ -167,7 +167,11 @@ def test_leaving_a_responses_stream_frees_vllm(engine_launcher: Any) -> None:
         }
 
     body = {"model": "long", "input": "go on", "max_output_tokens": 4000, "stream": True, "ignore_eos": True}
-    vllm_frees_when_left(engine_launcher, data, lambda gw: leave_mid_stream(gw, "/v1/responses", body, DELTA), 4000)
+
+    def leave(gw: GatewayThread) -> object:
+        return leave_mid_stream(gw, "/v1/responses", body, DELTA)
+
+    vllm_frees_when_left(vllm_long_server, engine_launcher, data, leave, 4000)
 
 
 def test_leaving_a_translated_responses_stream_frees_the_llamacpp_slot(engine_launcher: Any) -> None:
