@@ -2,7 +2,8 @@
 
 - ``llamacpp_server`` (session): llama-server on the tiny GGUF, 4 slots of 512 tokens each, --metrics.
 - ``llamacpp_no_alias`` (session): the same, started with no alias (it serves the model file's path).
-- ``vllm_server`` (session): vLLM on the tiny HF model, max_model_len 1024, max_num_seqs 2.
+- ``vllm_server`` (session): vLLM on the tiny HF model, max_model_len 1024, max_num_seqs 2, its Responses
+  store on (``VLLM_ENABLE_RESPONSES_API_STORE=1``).
 - ``vllm_long_server`` (session): vLLM with max_model_len 4096 and max_num_seqs 2, the window the
   leave tests' 4,000-token streams need; they start a fresh one only when this one hands a whole
   stream over at once.
@@ -132,7 +133,11 @@ def llamacpp_no_alias(request: pytest.FixtureRequest, tmp_path_factory: pytest.T
 def vllm_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     _require_engine(request.config, "vllm")
     log = tmp_path_factory.mktemp("engines") / "vllm-session.log"
-    server = servers.start_vllm(max_model_len=1024, max_num_seqs=2, log_path=log)
+    # The Responses store on (off by default): previous_response_id and GET by id need it, and no
+    # other test depends on its absence; one server instead of a second one for the Responses tests.
+    server = servers.start_vllm(
+        max_model_len=1024, max_num_seqs=2, log_path=log, extra_env={"VLLM_ENABLE_RESPONSES_API_STORE": "1"}
+    )
     try:
         yield server
     finally:

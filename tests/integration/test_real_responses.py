@@ -16,7 +16,6 @@ import openai
 import pytest
 
 from engines.sim.server import SimParams, SimServer
-from tests.integration.conftest import _require_engine, servers
 from tests.integration.gateway_harness import (
     GatewayThread,
     leave_mid_stream,
@@ -47,36 +46,23 @@ class SimThread:
 
 
 @pytest.fixture(scope="module")
-def stored_vllm(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    _require_engine(request.config, "vllm")
-    log = tmp_path_factory.mktemp("engines") / "vllm-stored.log"
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("VLLM_ENABLE_RESPONSES_API_STORE", "1")  # _launch passes os.environ on
-        server = servers.start_vllm(max_model_len=1024, max_num_seqs=2, log_path=log)
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture(scope="module")
 def sim() -> Iterator[SimThread]:
     with SimThread() as thread:
         yield thread
 
 
 @pytest.fixture(scope="module")
-def gateway(stored_vllm: Any, llamacpp_server: Any, sim: SimThread) -> Iterator[GatewayThread]:
+def gateway(vllm_server: Any, llamacpp_server: Any, sim: SimThread) -> Iterator[GatewayThread]:
     data = {
         "health": {"interval_s": 2, "scrape_interval_s": 1},
         "pools": {
-            "vllm": {"engine": "vllm", "backends": [{"url": stored_vllm.base_url, "model": "tiny", "name": "vllm"}]},
+            "vllm": {"engine": "vllm", "backends": [{"url": vllm_server.base_url, "model": "tiny", "name": "vllm"}]},
             "llamacpp": {"engine": "llamacpp", "backends": [{"url": llamacpp_server.base_url, "model": "tiny"}]},
             "two": {
                 "engine": "vllm",
                 "balancer": "round_robin",
                 "backends": [
-                    {"url": stored_vllm.base_url, "model": "tiny", "name": "real-vllm"},
+                    {"url": vllm_server.base_url, "model": "tiny", "name": "real-vllm"},
                     {"url": sim.sim.base_url, "model": "tiny", "name": "sim-vllm"},
                 ],
             },
@@ -188,7 +174,7 @@ def test_leaving_a_translated_responses_stream_frees_the_llamacpp_slot(engine_la
 
 @pytest.mark.parametrize("model", ["vllm", "llama"])
 def test_tokenize_and_detokenize_equal_the_engines(
-    gateway: GatewayThread, stored_vllm: Any, llamacpp_server: Any, model: str
+    gateway: GatewayThread, vllm_server: Any, llamacpp_server: Any, model: str
 ) -> None:
     text = "The gateway routes"
     with httpx.Client(base_url=gateway.base_url, timeout=30) as http:
@@ -198,16 +184,16 @@ def test_tokenize_and_detokenize_equal_the_engines(
         if model == "vllm":
             chat = http.post("/tokenize", json={"model": model, "messages": [{"role": "user", "content": text}]})
             direct_chat = httpx.post(
-                stored_vllm.base_url + "/tokenize",
+                vllm_server.base_url + "/tokenize",
                 json={"model": "tiny", "messages": [{"role": "user", "content": text}]},
                 timeout=30,
             ).json()
             assert chat.json() == direct_chat
     if model == "vllm":
-        direct = httpx.post(stored_vllm.base_url + "/tokenize", json={"model": "tiny", "prompt": text}, timeout=30)
+        direct = httpx.post(vllm_server.base_url + "/tokenize", json={"model": "tiny", "prompt": text}, timeout=30)
         assert tok.json() == direct.json()
         direct_text = httpx.post(
-            stored_vllm.base_url + "/detokenize", json={"model": "tiny", "tokens": tok.json()["tokens"]}, timeout=30
+            vllm_server.base_url + "/detokenize", json={"model": "tiny", "tokens": tok.json()["tokens"]}, timeout=30
         ).json()["prompt"]
     else:
         direct = httpx.post(
