@@ -106,65 +106,57 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
             terminalreporter.line(reason, yellow=True)
 
 
-@pytest.fixture(scope="session")
-def llamacpp_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    _require_engine(request.config, "llamacpp")
-    log = tmp_path_factory.mktemp("engines") / "llamacpp-session.log"
-    server = servers.start_llamacpp(ctx_per_slot=512, parallel=4, log_path=log)
+def scoped_engine(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, kind: str, log_name: str, **kwargs: Any
+) -> Iterator[Any]:
+    """The body of a fixture that starts one engine (`servers.STARTERS[kind](**kwargs)`) for its
+    scope, its log in a folder of the session's temporary files, and stops it at the scope's end."""
+    _require_engine(request.config, kind)
+    server = servers.STARTERS[kind](log_path=tmp_path_factory.mktemp("engines") / log_name, **kwargs)
     try:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def llamacpp_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    yield from scoped_engine(
+        request, tmp_path_factory, "llamacpp", "llamacpp-session.log", ctx_per_slot=512, parallel=4
+    )
 
 
 @pytest.fixture(scope="session")
 def llamacpp_no_alias(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """llama-server as a user starts it, with no `-a`: it serves (and `.model` is) the model file's path."""
-    _require_engine(request.config, "llamacpp")
-    log = tmp_path_factory.mktemp("engines") / "llamacpp-no-alias.log"
-    server = servers.start_llamacpp(ctx_per_slot=512, parallel=4, log_path=log, alias=None)
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from scoped_engine(
+        request, tmp_path_factory, "llamacpp", "llamacpp-no-alias.log", ctx_per_slot=512, parallel=4, alias=None
+    )
 
 
 @pytest.fixture(scope="session")
 def vllm_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    _require_engine(request.config, "vllm")
-    log = tmp_path_factory.mktemp("engines") / "vllm-session.log"
     # The Responses store on (off by default): previous_response_id and GET by id need it, and no
     # other test depends on its absence; one server instead of a second one for the Responses tests.
-    server = servers.start_vllm(
-        max_model_len=1024, max_num_seqs=2, log_path=log, extra_env={"VLLM_ENABLE_RESPONSES_API_STORE": "1"}
+    store = {"VLLM_ENABLE_RESPONSES_API_STORE": "1"}
+    yield from scoped_engine(
+        request, tmp_path_factory, "vllm", "vllm-session.log", max_model_len=1024, max_num_seqs=2, extra_env=store
     )
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="session")
 def vllm_long_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    _require_engine(request.config, "vllm")
-    log = tmp_path_factory.mktemp("engines") / "vllm-long-session.log"
-    server = servers.start_vllm(max_model_len=4096, max_num_seqs=2, log_path=log)
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from scoped_engine(
+        request, tmp_path_factory, "vllm", "vllm-long-session.log", max_model_len=4096, max_num_seqs=2
+    )
 
 
 @pytest.fixture(scope="session")
 def sglang_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    _require_engine(request.config, "sglang")
-    log = tmp_path_factory.mktemp("engines") / "sglang-session.log"
     # 4096: a full-length generation lasts ~9 s here (1024: ~2 s), long enough to leave in the middle of it
-    server = servers.start_sglang(context_length=4096, max_running_requests=4, log_path=log)
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from scoped_engine(
+        request, tmp_path_factory, "sglang", "sglang-session.log", context_length=4096, max_running_requests=4
+    )
 
 
 @pytest.fixture

@@ -37,7 +37,7 @@ from tests.agents.agents import (
     run_codex,
 )
 from tests.agents.scripted import READY_PATH
-from tests.integration.conftest import _require_engine, servers
+from tests.integration.conftest import scoped_engine, servers
 from tests.integration.gateway_harness import running_gateway, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -140,40 +140,30 @@ def gateway_config(kind: str, url: str, default_max_tokens: int | None = None) -
 
 @pytest.fixture(scope="module")
 def agent_llamacpp(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    _require_engine(request.config, "llamacpp")
-    log = tmp_path_factory.mktemp("engines") / "llamacpp-agents.log"
-    server = servers.start_llamacpp(model_key="TINY_AGENT_GGUF", ctx_per_slot=WINDOW, parallel=2, log_path=log)
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from scoped_engine(
+        request,
+        tmp_path_factory,
+        "llamacpp",
+        "llamacpp-agents.log",
+        model_key="TINY_AGENT_GGUF",
+        ctx_per_slot=WINDOW,
+        parallel=2,
+    )
 
 
 @pytest.fixture(scope="module")
 def agent_vllm(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    _require_engine(request.config, "vllm")
-    log = tmp_path_factory.mktemp("engines") / "vllm-agents.log"
-    server = servers.start_vllm(
-        max_model_len=WINDOW,
-        max_num_seqs=2,
-        log_path=log,
-        extra_args=["--enable-auto-tool-choice", "--tool-call-parser", "hermes"],
+    tools = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+    yield from scoped_engine(
+        request, tmp_path_factory, "vllm", "vllm-agents.log", max_model_len=WINDOW, max_num_seqs=2, extra_args=tools
     )
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")
 def agent_sglang(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    _require_engine(request.config, "sglang")
-    log = tmp_path_factory.mktemp("engines") / "sglang-agents.log"
-    server = servers.start_sglang(context_length=WINDOW, max_running_requests=2, log_path=log)
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from scoped_engine(
+        request, tmp_path_factory, "sglang", "sglang-agents.log", context_length=WINDOW, max_running_requests=2
+    )
 
 
 def differential(server: Any, kind: str, fixture_path: Path, max_tokens: int | None = None) -> None:
