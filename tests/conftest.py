@@ -32,8 +32,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     part = config.getoption("--part")
     if part is None:
         return
-    keep = [item for item in items if serial(item) == (part == "serial")]
-    dropped = [item for item in items if serial(item) != (part == "serial")]
+    want = part == "serial"
+    keep: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
+    for item in items:
+        (keep if serial(item) == want else dropped).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
     items[:] = keep
