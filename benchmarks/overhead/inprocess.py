@@ -18,8 +18,10 @@ alone; nothing is then matched). --tokenizer: the pool's tokenizer (default
 $TINY_HF_DIR; "" for none: the ids are then asked of the engine, which answers nothing here).
 --distinct: every request a conversation of its own, the size of the affinity benchmark's (~1,900
 characters), so that every prompt is encoded whole; --walk with it: each conversation's four turns
-one after the other, so that a turn is encoded from the one before. Without them every request
-sends the same small body, as the overhead benchmark does (its ids are then remembered).
+one after the other, so that a turn is encoded from the one before. --chars N: every request sends
+one conversation of about N characters (a coding agent's; its ids remembered after the first).
+Without them every request sends the same small body, as the overhead benchmark does (its ids are
+then remembered).
 
 Not a substitute for peers.py: uvicorn and the sockets are left out here on purpose."""
 
@@ -221,6 +223,9 @@ def _free_port() -> int:
 
 def _bodies(args: argparse.Namespace, model: str, n: int) -> tuple[list[bytes], list[list[dict[str, str]]]]:
     """The requests' bodies and their messages: one small body n times, or n conversations."""
+    if args.chars:
+        chat = kvevents.long_conversation(args.chars)
+        return [kvevents.body(model, chat, 128)] * n, [chat] * n
     if not args.distinct:
         one = configs.request_body(model, args.stream)
         return [one] * n, [json.loads(one)["messages"]] * n
@@ -256,6 +261,9 @@ def main() -> None:
     parser.add_argument("--tokenizer", default=os.environ.get("TINY_HF_DIR", ""), help="kv_events: the pool's")
     parser.add_argument("--distinct", action="store_true", help="every request a conversation of its own")
     parser.add_argument("--walk", action="store_true", help="with --distinct: each conversation's four turns in turn")
+    parser.add_argument(
+        "--chars", type=int, default=0, help="every request one conversation of about this many characters"
+    )
     parser.add_argument("--trace", type=float, default=None, help="tracing on at this sampling ratio")
     args = parser.parse_args()
     sink = None

@@ -54,6 +54,22 @@ def conversation(i: int, turns: int = 3) -> list[dict[str, str]]:
     return messages
 
 
+def long_conversation(chars: int) -> list[dict[str, str]]:
+    """One conversation of about `chars` characters in turns of ~1,000 (a coding agent's history:
+    the shared system prompt, then user and assistant turns)."""
+    messages = [{"role": "system", "content": SYSTEM}]
+    size, turn = len(SYSTEM), 0
+    while size < chars:
+        words = " ".join(f"line{turn}-{k}" for k in range(100))
+        role = "user" if turn % 2 == 0 else "assistant"
+        messages.append({"role": role, "content": f"Turn {turn}: {words}."})
+        size += len(messages[-1]["content"])
+        turn += 1
+    if messages[-1]["role"] != "user":
+        messages.append({"role": "user", "content": "Go on."})
+    return messages
+
+
 def body(model: str, messages: list[dict[str, str]], max_tokens: int) -> bytes:
     return json.dumps({"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0.7}).encode()
 

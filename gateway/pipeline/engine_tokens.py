@@ -38,7 +38,7 @@ class Asked:
     view: Mapping[str, Any]
     messages: list[Any] | None
     prompt: str | None
-    key: bytes
+    key: int
     """Its memo key."""
 
 

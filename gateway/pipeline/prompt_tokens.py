@@ -87,7 +87,7 @@ class PromptTokens:
         self._engines = EngineTokens(config, registry, upstream, streaming)
         self._metrics = metrics
         self.memo = TokenMemo()
-        self._asking: set[bytes] = set()
+        self._asking: set[int] = set()
         """The keys of the prompts being asked: one call a prompt, however many requests send it."""
         self._background: set[asyncio.Task[Any]] = set()
         self._local = dict(local or {})
@@ -176,9 +176,11 @@ class PromptTokens:
 
     def _local_ids(
         self, asked: Asked, local: tuple[str, ChatTokenizer], text: tuple[str, bool], earlier: Resumable | None
-    ) -> tuple[list[int], bool]:
+    ) -> tuple[Sequence[int], bool]:
         """The prompt's ids from the pool's tokenizer, remembered, checked as the pool's tokenizer
-        is; and whether they were resumed from an earlier prompt's."""
+        is; and whether they were resumed from an earlier prompt's. The memo's copy when it keeps
+        them: the same object the next request sending this prompt gets, whose block keys are then
+        not hashed again (kvevents/chains.py)."""
         pool, tokenizer = local
         pieces = self._in_pieces(pool, text)
         ids, cut, resumed = _encoded(tokenizer, text, earlier, pieces=pieces)
@@ -186,7 +188,8 @@ class PromptTokens:
         self._check(asked, pool, ids)
         if resumed or pieces:
             self._verify(asked.route, pool, tokenizer, text[0], ids)
-        return ids, resumed
+        kept = self.memo.get(asked.key)
+        return (kept if kept is not None else ids), resumed
 
     def _in_pieces(self, pool: str, text: tuple[str, bool]) -> bool:
         """Whether a chat text is encoded in pieces: while the pool's resumed encodings agree."""

@@ -47,7 +47,7 @@ class PromptBlocks:
     """A prompt's match (`cached`) and its block keys by block size, to note where it was routed."""
 
     cached: CachedPrefix
-    keys: Mapping[int, Sequence[bytes]]
+    keys: Mapping[int, Sequence[int]]
 
 
 @value

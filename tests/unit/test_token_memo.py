@@ -53,18 +53,18 @@ def test_the_longest_remembered_leading_run_is_found() -> None:
 
 def test_the_least_recently_used_go_first_past_the_bound() -> None:
     memo = TokenMemo(max_ids=10)
-    memo.put(b"a", range(4))
-    memo.put(b"b", range(4))
-    assert memo.get(b"a") is not None  # a is now the more recent
-    memo.put(b"c", range(4))
-    assert memo.get(b"b") is None and memo.get(b"a") is not None and memo.get(b"c") is not None
+    memo.put(1, range(4))
+    memo.put(2, range(4))
+    assert memo.get(1) is not None  # a is now the more recent
+    memo.put(3, range(4))
+    assert memo.get(2) is None and memo.get(1) is not None and memo.get(3) is not None
     assert memo.held == 8 and len(memo) == 2
-    memo.put(b"a", range(2))  # replaced, not added
+    memo.put(1, range(2))  # replaced, not added
     assert memo.held == 6
-    memo.put(b"huge", range(11))  # past the whole bound: not kept, nothing else dropped
-    assert memo.get(b"huge") is None and memo.held == 6
-    memo.put(b"neg", [1, -1])  # not a token id
-    assert memo.get(b"neg") is None
+    memo.put(4, range(11))  # past the whole bound: not kept, nothing else dropped
+    assert memo.get(4) is None and memo.held == 6
+    memo.put(5, [1, -1])  # not a token id
+    assert memo.get(5) is None
 
 
 def test_a_cut_is_found_with_its_ids_and_goes_with_them() -> None:
@@ -78,8 +78,8 @@ def test_a_cut_is_found_with_its_ids_and_goes_with_them() -> None:
     memo.put(one[0], [1, 2, 3])  # put again without one: the cut goes
     assert memo.resumable(two[:-1]) is None
     memo.put(one[0], [1, 2, 3], cut)
-    memo.put(b"x", range(4))
-    memo.put(b"y", range(4))  # past the bound: the least recent, one[0] with its cut, go first
+    memo.put(6, range(4))
+    memo.put(7, range(4))  # past the bound: the least recent, one[0] with its cut, go first
     assert memo.get(one[0]) is None and memo.resumable(two[:-1]) is None
     memo.put(one[0], [1, 2, 3], cut)
     memo.clear()

@@ -13,10 +13,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from gateway.config import GatewayConfig, backend_name
+from gateway.fleet.kvevents.chains import ChainCache
 from gateway.fleet.kvevents.index import EngineIndex
 from gateway.fleet.kvevents.subscriber import EventSubscriber
 from gateway.metrics import GatewayMetrics
-from gateway.policy.blockkeys import chain_keys
 from gateway.policy.cached_prefix import CachedPrefix, PromptBlocks
 
 PENDING_S: Final = 10.0
@@ -41,8 +41,9 @@ class KVEventFleet:
     def __init__(self, config: GatewayConfig) -> None:
         self._ctx = zmq.asyncio.Context()
         self.subscribers: dict[str, EventSubscriber] = {}
-        self._pending: dict[str, dict[bytes, float]] = {}
+        self._pending: dict[str, dict[int, float]] = {}
         """backend -> block key -> until when it counts as held there (decided())."""
+        self._chains = ChainCache()
         for pool_name, pool in config.pools.items():
             engine = pool.flavour if pool.engine == "sim" else pool.engine
             for i, b in enumerate(pool.backends):
@@ -73,24 +74,23 @@ class KVEventFleet:
         """How many leading blocks of the prompt each named backend holds, by its events or by this
         gateway's recent decisions (decided()); keys are computed once per block size, not per
         backend. `whole`: `tokens` are the prompt's own ids, not a leading run's."""
-        keys: dict[int, list[bytes]] = {}
+        keys: dict[int, list[int]] = {}
         blocks: list[tuple[str, int]] = []
         sizes: list[tuple[str, int]] = []
         prompt_blocks = 0
-        head = tokens[:-1]  # the last token is never a hit (EngineIndex.match_tokens)
         for name in names:
             sub = self.subscribers.get(name)
             if sub is None or sub.index.block_size is None:
                 continue
             size = sub.index.block_size
             if size not in keys:
-                keys[size] = chain_keys(head, size)
+                keys[size] = self._chains.keys(tokens, size)
             prompt_blocks = max(prompt_blocks, len(keys[size]))
             blocks.append((name, self._held(name, sub.index, keys[size], now)))
             sizes.append((name, size))
         return PromptBlocks(CachedPrefix(tuple(blocks), prompt_blocks, tuple(sizes), whole), keys)
 
-    def _held(self, name: str, index: EngineIndex, keys: Sequence[bytes], now: float) -> int:
+    def _held(self, name: str, index: EngineIndex, keys: Sequence[int], now: float) -> int:
         n = index.match(keys)
         pending = self._pending.get(name)
         if not pending:

@@ -20,8 +20,8 @@ class EngineIndex:
     """One engine's cached blocks by our key. Not thread-safe: one subscriber task owns it."""
 
     def __init__(self) -> None:
-        self._by_hash: dict[BlockHash, bytes] = {}
-        self._keys: dict[bytes, int] = {}
+        self._by_hash: dict[BlockHash, int] = {}
+        self._keys: dict[int, int] = {}
         """our key -> how many of the engine's blocks have it (a block stored twice, in two groups)"""
         self.block_size: int | None = None
         """The block size of the latest BlockStored; None until one arrives."""
@@ -44,7 +44,7 @@ class EngineIndex:
         self._by_hash.clear()
         self._keys.clear()
 
-    def match(self, keys: Sequence[bytes]) -> int:
+    def match(self, keys: Sequence[int]) -> int:
         """How many leading blocks of a prompt (its keys, from blockkeys.chain_keys) are cached."""
         held = self._keys
         n = 0
@@ -54,7 +54,7 @@ class EngineIndex:
             n += 1
         return n
 
-    def holds(self, key: bytes) -> bool:
+    def holds(self, key: int) -> bool:
         return key in self._keys
 
     def match_tokens(self, tokens: Sequence[int], lora_name: str | None = None, cache_salt: str | None = None) -> int:
@@ -90,30 +90,37 @@ class EngineIndex:
                 return
             key = found
         tokens, step = event.tokens, size * BYTES_PER_TOKEN
+        by_hash, held = self._by_hash, self._keys  # locals: this loop runs for every block stored
         for i, engine_hash in enumerate(hashes):
-            extra = (
-                _opaque(extras[i], event.lora_name, i == 0 and event.parent_block_hash is None)
-                if i < len(extras)
-                else b""
-            )
-            key = next_key(key, tokens[i * step : (i + 1) * step], extra)
-            old = self._by_hash.get(engine_hash)
+            block = tokens[i * step : (i + 1) * step]
+            if i < len(extras):
+                extra = _opaque(extras[i], event.lora_name, i == 0 and event.parent_block_hash is None)
+                key = next_key(key, block, extra)
+            else:
+                key = hash((key, block))  # next_key without extra, inlined
+            old = by_hash.get(engine_hash)
             if old == key:
                 continue  # a re-report of a block already held (vLLM reports prefix-cache reuse)
             if old is not None:
                 self._release(old)
-            self._by_hash[engine_hash] = key
-            self._keys[key] = self._keys.get(key, 0) + 1
+            by_hash[engine_hash] = key
+            held[key] = held.get(key, 0) + 1
 
     def _remove(self, event: BlockRemoved) -> None:
         if event.medium not in INDEXED_MEDIA:
             return
+        by_hash, held = self._by_hash, self._keys
         for engine_hash in event.block_hashes:
-            key = self._by_hash.pop(engine_hash, None)
-            if key is not None:
-                self._release(key)
+            key = by_hash.pop(engine_hash, None)
+            if key is None:
+                continue
+            left = held.get(key, 0) - 1  # _release, inlined
+            if left > 0:
+                held[key] = left
+            else:
+                held.pop(key, None)
 
-    def _release(self, key: bytes) -> None:
+    def _release(self, key: int) -> None:
         left = self._keys.get(key, 0) - 1
         if left > 0:
             self._keys[key] = left
