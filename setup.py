@@ -64,6 +64,7 @@ COMPILED = [
     "gateway/protocols/inbound.py",
     "gateway/protocols/messages.py",
     "gateway/protocols/messages_native.py",
+    "gateway/protocols/messages_reply.py",
     "gateway/protocols/messages_stream.py",
     "gateway/protocols/messages_translate.py",
     "gateway/protocols/native_observers.py",

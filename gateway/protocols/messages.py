@@ -20,13 +20,9 @@ from gateway.protocols.edits import NO_EDITS, Edits, apply_edits, needs_encoding
 from gateway.protocols.frames import encode_event
 from gateway.protocols.inbound import STEERING_FIELDS, _length_limit, decode_json
 from gateway.protocols.messages_native import fix_native
+from gateway.protocols.messages_reply import chat_to_message
 from gateway.protocols.messages_stream import MessagesStream
-from gateway.protocols.messages_translate import (
-    chat_to_message,
-    count_tokens_body,
-    messages_to_chat,
-    metadata_session,
-)
+from gateway.protocols.messages_translate import count_tokens_body, messages_to_chat, metadata_session
 from gateway.protocols.native_observers import NativeObserver
 from gateway.protocols.sse import StreamObserver
 

@@ -9,7 +9,7 @@ from typing import Any
 from gateway.protocols.anthropic_errors import error_body
 from gateway.protocols.chat_stream import ChatStreamTranslation, error_message
 from gateway.protocols.frames import encode_event
-from gateway.protocols.messages_translate import matched_stop, message_id, stop_reason, usage_to_anthropic
+from gateway.protocols.messages_reply import matched_stop, message_id, stop_reason, usage_to_anthropic
 
 
 class MessagesStream(ChatStreamTranslation):

@@ -15,8 +15,8 @@ import openai
 import pytest
 
 from gateway.protocols.anthropic_errors import error_body_bytes, from_engine_error
+from gateway.protocols.messages_reply import chat_to_message
 from gateway.protocols.messages_stream import MessagesStream
-from gateway.protocols.messages_translate import chat_to_message
 from gateway.protocols.responses_stream import ResponsesStream
 from gateway.protocols.responses_translate import chat_to_response
 from tests.unit.protocol_fixtures import ENGINES, events, load, request_body, stream_bytes

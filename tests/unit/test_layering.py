@@ -26,6 +26,7 @@ PURE_ELSEWHERE = [
     "gateway/protocols/frames.py",
     "gateway/protocols/anthropic_errors.py",
     "gateway/protocols/messages_translate.py",
+    "gateway/protocols/messages_reply.py",
     "gateway/protocols/messages_stream.py",
     "gateway/protocols/responses_translate.py",
     "gateway/protocols/responses_stream.py",

@@ -12,14 +12,9 @@ import pytest
 
 from gateway.errors import InvalidRequest
 from gateway.protocols.dropped import Dropped
+from gateway.protocols.messages_reply import chat_to_message, stop_reason, usage_to_anthropic
 from gateway.protocols.messages_stream import MessagesStream
-from gateway.protocols.messages_translate import (
-    chat_to_message,
-    count_tokens_to_tokenize,
-    messages_to_chat,
-    stop_reason,
-    usage_to_anthropic,
-)
+from gateway.protocols.messages_translate import count_tokens_to_tokenize, messages_to_chat
 from tests.unit.protocol_fixtures import (
     ENGINES,
     events,

@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 from gateway.errors import InvalidRequest
+from gateway.protocols.messages_reply import chat_to_message
 from gateway.protocols.messages_stream import MessagesStream
-from gateway.protocols.messages_translate import chat_to_message, messages_to_chat
+from gateway.protocols.messages_translate import messages_to_chat
 from gateway.protocols.responses_stream import ResponsesStream
 from gateway.protocols.responses_translate import chat_to_response, responses_to_chat
 from tests.unit.protocol_fixtures import ENGINES, request_body, stream_bytes
