@@ -4,16 +4,22 @@ pool, backend, engine, outcome and a few fixed enums; a client's model string ne
 
 from __future__ import annotations
 
-import math
-from bisect import bisect_left
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any, Literal, TypeVar, cast, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.openmetrics import exposition as openmetrics_exposition
 from prometheus_client.registry import Collector
 
-from gateway.metric_types import FineHistogram, LeanCounter, LeanGauge, LeanHistogram, PlainValue
+from gateway.metric_types import (
+    FineHistogram,
+    LeanCounter,
+    LeanGauge,
+    LeanHistogram,
+    PlainValue,
+    log_buckets,
+    value_of,
+)
 
 M = TypeVar("M", Counter, Gauge, Histogram)
 C = TypeVar("C", bound=Collector)
@@ -37,13 +43,6 @@ Outcome = Literal[
 """How a request ended: exactly one per request (the Exchange record's outcome, a metric label)."""
 
 OUTCOMES: tuple[str, ...] = get_args(Outcome)
-
-
-def log_buckets(low: float, high: float, per_decade: int) -> tuple[float, ...]:
-    """Bucket bounds from `low` to `high`, `per_decade` log-spaced ones in every factor of ten
-    (10 ** (i / per_decade), so 0.01, 0.1, 1, 10 are among them), rounded to 4 significant digits."""
-    first, last = round(math.log10(low) * per_decade), round(math.log10(high) * per_decade)
-    return tuple(float(f"{10 ** (i / per_decade):.4g}") for i in range(first, last + 1))
 
 
 # The user's lens is read as quantiles, and histogram_quantile interpolates linearly inside a
@@ -395,42 +394,3 @@ class RequestSeries:
     def fine(self, metric: FineHistogram) -> FineHistogram:
         """One of the fine per-request histograms (no backend label), for these labels."""
         return cast(FineHistogram, self._m.child(metric, *self._fine))
-
-
-def value_of(child: Counter | Gauge) -> PlainValue:
-    """A lean child's sample, to update without the metric's checks (a counter's is never negative:
-    the callers add counts)."""
-    found = child._value
-    assert isinstance(found, PlainValue)
-    return found
-
-
-def observe_many(child: Histogram, values: Sequence[float], zeros: int = 0) -> None:
-    """child.observe(v) for every value, and `zeros` observations of 0.0, at the cost of one lock
-    per distinct bucket hit (plus one for the sum) instead of two per value: the values are
-    bucketed here first."""
-    if zeros:
-        child._buckets[0].inc(zeros)  # 0.0 is under every bound; it adds nothing to the sum
-    if len(values) < 4:
-        for v in values:
-            child.observe(v)
-        return
-    # In order, each value moves the bucket on from the last one's: a sort in C and a walk over
-    # the buckets the values span, where a bisect_left a value cost ~1.4k instructions compiled (a
-    # call and boxed compares; a fine histogram has ~360 bounds) and about the same in Python.
-    ordered = sorted(values)
-    bounds: list[float] = child._upper_bounds  # prometheus_client has no batch observe
-    buckets = child._buckets
-    i = bisect_left(bounds, ordered[0])
-    n = 0
-    for v in ordered:
-        if v > bounds[i]:  # past this bucket's bound (the last bound is +Inf: none is past it)
-            if n:
-                buckets[i].inc(n)
-                n = 0
-            i += 1
-            while v > bounds[i]:
-                i += 1
-        n += 1
-    buckets[i].inc(n)
-    child._sum.inc(sum(values))

@@ -9,8 +9,8 @@ from typing import Any
 
 from gateway import accesslog
 from gateway.fleet.registry import Backend
-from gateway.metric_types import PlainValue
-from gateway.metrics import GatewayMetrics, observe_many
+from gateway.metric_types import PlainValue, observe_many
+from gateway.metrics import GatewayMetrics
 from gateway.pipeline.exchange import Exchange
 
 log = logging.getLogger("gateway.access")

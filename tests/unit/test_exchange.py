@@ -91,8 +91,7 @@ def test_observe_many_matches_observe_one_by_one() -> None:
 def _check_observe_many(values: list[float], bounds: tuple[float, ...]) -> None:
     from prometheus_client import CollectorRegistry, Histogram
 
-    from gateway.metric_types import FineHistogram
-    from gateway.metrics import observe_many
+    from gateway.metric_types import FineHistogram, observe_many
 
     samples = []
     for cls, batch in ((Histogram, False), (Histogram, True), (FineHistogram, True)):

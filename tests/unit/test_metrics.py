@@ -8,8 +8,8 @@ import math
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from gateway.metric_types import FineHistogram, LeanCounter, LeanGauge, LeanHistogram
-from gateway.metrics import _TTFT_BUCKETS, GatewayMetrics, log_buckets
+from gateway.metric_types import FineHistogram, LeanCounter, LeanGauge, LeanHistogram, log_buckets
+from gateway.metrics import _TTFT_BUCKETS, GatewayMetrics
 
 
 def test_log_buckets_are_about_two_percent_apart_and_hit_the_decades() -> None:
