@@ -32,6 +32,7 @@ COMPILED = [
     "gateway/pipeline/accounting.py",
     "gateway/pipeline/admission.py",
     "gateway/pipeline/attempts.py",
+    "gateway/pipeline/body.py",
     "gateway/pipeline/endpoint.py",
     "gateway/pipeline/enforcer.py",
     "gateway/pipeline/exchange.py",

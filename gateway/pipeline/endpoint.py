@@ -13,7 +13,7 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable, Mapping
 from dataclasses import field
 from typing import Any, Literal
 
@@ -28,7 +28,6 @@ from gateway.errors import (
     NoHealthyBackend,
     NotFound,
     Overloaded,
-    PayloadTooLarge,
     RateLimited,
     ShuttingDown,
     UpstreamTimeout,
@@ -37,6 +36,7 @@ from gateway.pipeline import spans
 from gateway.pipeline.accounting import Accounting, prompt_tokens
 from gateway.pipeline.admission import Admission
 from gateway.pipeline.attempts import Attempts
+from gateway.pipeline.body import read_body
 from gateway.pipeline.context import Dispatch, EndReason, Plan, Request, read
 from gateway.pipeline.enforcer import NO_PROMPT, CapEnforcer, PromptCount
 from gateway.pipeline.exchange import Exchange, Outcome
@@ -154,7 +154,7 @@ class CompletionEndpoint:
             if self._lifecycle.draining:
                 raise NoHealthyBackend("The gateway is shutting down.", code="draining", retry_after=1)
             client = self._access.authenticate(headers.get("authorization"), headers.get("x-api-key"))
-            raw = await _read_body(receive, headers, self._config.limits.max_body_bytes)
+            raw = await read_body(receive, headers, self._config.limits.max_body_bytes)
             if raw is None:
                 ex.disconnect_stage = "before_backend"
                 return
@@ -316,40 +316,6 @@ def _client_left(ex: Exchange, ending: RequestEnd) -> None:
     else:
         ex.disconnect_stage = "non_stream"
     ending.end("client_left")
-
-
-async def _read_body(receive: Receive, headers: dict[str, str], limit: int) -> bytes | None:
-    declared = headers.get("content-length")
-    if declared is not None:
-        if not declared.isdigit():
-            raise InvalidRequest("Content-Length is not a number.", code="invalid_header")
-        if int(declared) > limit:
-            raise PayloadTooLarge(f"The request body is larger than the {limit}-byte limit.")
-    parts: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return None
-        chunk = message.get("body", b"")
-        if chunk:
-            size += len(chunk)
-            if size > limit:
-                await _discard(receive, message, 1 << 20)
-                raise PayloadTooLarge(f"The request body is larger than the {limit}-byte limit.")
-            parts.append(chunk)
-        if not message.get("more_body", False):
-            return parts[0] if len(parts) == 1 else b"".join(parts)
-
-
-async def _discard(receive: Receive, message: MutableMapping[str, Any], budget: int) -> None:
-    """Read and drop up to `budget` more bytes of an oversized body, so that a client which
-    writes its whole body before reading can still read the 413 (else it sees a reset)."""
-    while message.get("more_body", False) and budget > 0:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return
-        budget -= len(message.get("body", b""))
 
 
 def _headers(scope: Scope) -> dict[str, str]:
