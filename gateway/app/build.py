@@ -8,7 +8,7 @@ import asyncio
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
@@ -18,6 +18,8 @@ from starlette.routing import Route
 from gateway.access.gate import AccessGate, CounterStore
 from gateway.access.keys import KeyRing
 from gateway.access.memory_store import MemoryStore
+from gateway.app.background import start_gateway, stop_gateway
+from gateway.app.instance import Gateway
 from gateway.app.loop_lag import LoopLag
 from gateway.app.routes import Endpoints, http_exception
 from gateway.asgi import Receive, Scope, Send
@@ -49,42 +51,10 @@ from gateway.upstream.client import UpstreamClient
 
 if TYPE_CHECKING:
     from gateway.fleet.inference_pool import PoolFollower
-    from gateway.fleet.kvevents.fleet import KVEventFleet
 
 log = logging.getLogger(__name__)
 
 RELOAD_SYNC_S = 5.0
-
-
-@dataclass
-class Gateway:
-    """Everything one running gateway owns; reachable as app.state.gateway for tests."""
-
-    config: GatewayConfig
-    metrics: GatewayMetrics
-    registry: Registry
-    capacity: Capacity
-    health_state: HealthState
-    upstream: UpstreamClient
-    router: Router
-    caps: CapEnforcer
-    accounting: Accounting
-    admission: Admission
-    relay: Relay
-    attempts: Attempts
-    health: HealthChecker
-    scraper: LoadScraper
-    lifecycle: Lifecycle
-    access: AccessGate
-    responses: ResponseStore
-    """Responses id -> the backend that holds it (kept across reloads)."""
-    kv_events: KVEventFleet | None = None
-    """The backends' KV-event subscribers; None unless a backend names `kv_events`."""
-    tokens: PromptTokens | None = None
-    tracing: Tracing = field(default_factory=lambda: NoTracing())
-    """The tracer (NoTracing when tracing is off); built once per process, kept across reloads."""
-    pool_followers: list[PoolFollower] = field(default_factory=list)
-    """One per `inference_pool` backend entry: its pods, listed and watched."""
 
 
 def make_tracing(config: GatewayConfig, env: Mapping[str, str]) -> Tracing:
@@ -248,51 +218,6 @@ def _assemble(gw: Gateway) -> _Served:
     app.router.redirect_slashes = False
     app.state.gateway = gw
     return _Served(gw, app, {e.path: e for e in endpoints}, [])
-
-
-async def start_gateway(gw: Gateway) -> list[asyncio.Task[None]]:
-    """Start a built gateway's connections and background work (health, load scrapes, KV events);
-    the tasks to hand to stop_gateway. `gateway serve` (through lifespan) and `gateway epp` both
-    start theirs here."""
-    await gw.upstream.start()
-    # One health round before serving, so /readyz and routing are right from the first request.
-    await gw.health.check_all()
-    for backend in gw.registry:
-        if not backend.healthy:
-            log.warning(
-                "backend %s (pool %s, %s) is not healthy at start-up: %s%s does not answer 2xx",
-                backend.name,
-                backend.pool,
-                backend.engine,
-                backend.url,
-                backend.adapter.health_path,
-            )
-    tasks = [
-        asyncio.create_task(gw.health.run(), name="health"),
-        asyncio.create_task(gw.scraper.run(), name="scraper"),
-    ]
-    for follower in gw.pool_followers:  # readiness waits for each one's first list
-        tasks.append(asyncio.create_task(follower.run(), name=f"inference-pool {follower.label}"))
-    if gw.kv_events is not None:
-        tasks += gw.kv_events.start()
-        for name, sub in gw.kv_events.subscribers.items():
-            log.info("backend %s streams KV events from %s", name, sub.endpoint)
-        for name, pool in gw.config.pools.items():
-            if pool.tokenizer is not None:
-                log.info("pool %s encodes prompts for the KV match with the tokenizer in %s", name, pool.tokenizer)
-    return tasks
-
-
-async def stop_gateway(gw: Gateway, tasks: list[asyncio.Task[None]]) -> None:
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-    if gw.tokens is not None:
-        await gw.tokens.close()
-    if gw.kv_events is not None:
-        gw.kv_events.close()
-    await gw.upstream.close()
-    await gw.access.close()
 
 
 async def _start(served: _Served) -> None:

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 from gateway.access.gate import BudgetHold
 from gateway.access.keys import ClientKey
-from gateway.app.build import Gateway
+from gateway.app.instance import Gateway
 from gateway.errors import (
     GatewayError,
     InvalidRequest,

@@ -11,7 +11,8 @@ import signal
 
 import grpc
 
-from gateway.app.build import build, start_gateway, stop_gateway
+from gateway.app.background import start_gateway, stop_gateway
+from gateway.app.build import build
 from gateway.config import GatewayConfig
 from gateway.epp.health import Health
 from gateway.epp.picker import Picker

@@ -21,7 +21,8 @@ import uvicorn
 
 from gateway import accesslog
 from gateway.app.banner import model_lines
-from gateway.app.build import Gateway, GatewayApp, create_app
+from gateway.app.build import GatewayApp, create_app
+from gateway.app.instance import Gateway
 from gateway.app.routes import model_entries
 from gateway.config import GatewayConfig
 from gateway.config_loader import ConfigError, load_config

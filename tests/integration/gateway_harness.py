@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.app.build import Gateway
+from gateway.app.instance import Gateway
 from gateway.config_loader import parse_config
 from gateway.policy.rules import Platform
 from gateway.serving.server import GatewayServer, uvicorn_config

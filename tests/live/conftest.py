@@ -15,7 +15,7 @@ import pytest
 import uvicorn
 
 from engines.sim.server import SimParams, SimServer
-from gateway.app.build import Gateway
+from gateway.app.instance import Gateway
 from gateway.config_loader import parse_config
 from gateway.pipeline.exchange import Outcome
 from gateway.serving.server import start

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from engines.sim.server import SimServer
-from gateway.app.build import Gateway
+from gateway.app.instance import Gateway
 from gateway.config_loader import parse_config
 from gateway.pipeline.chat_tokenizer import ChatTokenizer
 from gateway.pipeline.prompt_tokens import INLINE_CHARS
