@@ -66,14 +66,17 @@ def tool_input(arguments: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def first_choice(chat: Mapping[str, Any]) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+    """A chat completion's first choice and its message ({} for either when it has none)."""
+    choices = chat.get("choices")
+    choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+    message = choice.get("message")
+    return choice, message if isinstance(message, dict) else {}
+
+
 def chat_to_message(chat: Mapping[str, Any], model: str | None = None) -> dict[str, Any]:
     """A chat completion (non-stream) as a Messages response."""
-    choices = chat.get("choices")
-    choice: Mapping[str, Any] = (
-        choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
-    )
-    message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
-    assert isinstance(message, dict)
+    choice, message = first_choice(chat)
     content: list[dict[str, Any]] = []
     reasoning = message.get("reasoning") or message.get("reasoning_content")
     if isinstance(reasoning, str) and reasoning:

@@ -13,6 +13,7 @@ from typing import Any
 
 from gateway.errors import InvalidRequest
 from gateway.protocols.dropped import Dropped
+from gateway.protocols.messages_reply import first_choice
 from gateway.protocols.messages_translate import fold_system_messages
 from gateway.protocols.responses_tools import ToolNames, call_item, chat_tool_choice, chat_tools
 
@@ -300,12 +301,7 @@ def chat_to_response(
 ) -> dict[str, Any]:
     """A chat completion (non-stream) as a Responses object, named as the client named things: its
     model, its tools (namespaces and custom tools restored)."""
-    choices = chat.get("choices")
-    choice: Mapping[str, Any] = (
-        choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
-    )
-    message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
-    assert isinstance(message, dict)
+    choice, message = first_choice(chat)
     output: list[dict[str, Any]] = []
     reasoning = message.get("reasoning") or message.get("reasoning_content")
     if isinstance(reasoning, str) and reasoning:
