@@ -14,7 +14,8 @@ kv_events each backend names an event endpoint that nothing publishes on, and ea
 batch (kvevents.py: its prompt's blocks stored, those of the request --requests/2 before it removed,
 as an engine that evicts at the rate it stores) is fed to a subscriber after the request, on the
 same thread, so that decoding and indexing count (--no-feed: none, for the request path's cost
-alone; nothing is then matched). --tokenizer: the pool's tokenizer (default
+alone; nothing is then matched). Receiving a batch over ZMQ is left out: benchmarks/kv_feed.py
+measures it. --tokenizer: the pool's tokenizer (default
 $TINY_HF_DIR; "" for none: the ids are then asked of the engine, which answers nothing here).
 --distinct: every request a conversation of its own, the size of the affinity benchmark's (~1,900
 characters), so that every prompt is encoded whole; --walk with it: each conversation's four turns

@@ -339,3 +339,86 @@ async def test_frames_of_the_wrong_shape_are_counted_and_skipped(
     await until(lambda: sub.last_seq == 1)
     await stop(task)
     assert (sub.stats.undecodable, sub.stats.batches) == (2, 1)
+
+
+async def live(ctx: zmq.asyncio.Context, pub: PublisherEmulator) -> tuple[EventSubscriber, asyncio.Task[None]]:
+    """A subscriber past its catch-up, its SUB joined to the publisher."""
+    sub, task = start(ctx, pub)
+    await joined(sub, pub)
+    await until(lambda: sub.caught_up)
+    return sub, task
+
+
+async def queued(sub: EventSubscriber) -> None:
+    """Until the live socket holds what was just published (a burst arrives together)."""
+    await until(lambda: sub._live is not None and bool(int(sub._live.getsockopt(zmq.EVENTS)) & zmq.POLLIN))
+    await asyncio.sleep(0.05)
+
+
+async def test_a_request_applies_what_came_before_it_without_the_loop_waking_per_batch(
+    ctx: zmq.asyncio.Context, pub: PublisherEmulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The task's own drain pushed out of the way: batches wait in the socket, not in the index,
+    # until a request drains them; the loop is not woken for each.
+    monkeypatch.setattr(subscriber_module, "DRAIN_S", 60.0)
+    sub, task = await live(ctx, pub)
+    try:
+        for p in PAYLOADS[:4]:
+            await pub.publish(p)
+        await queued(sub)
+        assert sub.last_seq is None and len(sub.index) == 0
+        assert sub.drain() == 4
+        assert sub.last_seq == 3 and same(sub.index, expected_index(4))
+        assert sub.drain() == 0
+    finally:
+        await stop(task)
+
+
+async def test_a_gap_a_request_finds_is_replayed_by_the_task_at_once(
+    ctx: zmq.asyncio.Context, pub: PublisherEmulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(subscriber_module, "DRAIN_S", 60.0)
+    sub, task = await live(ctx, pub)
+    try:
+        await pub.publish(PAYLOADS[0])
+        await pub.publish(PAYLOADS[1], send=False)
+        await pub.publish(PAYLOADS[2])
+        await queued(sub)
+        assert sub.drain() == 2  # batch 0 applied; batch 2 held for the task, which replays 1 first
+        assert sub.last_seq == 0
+        await until(lambda: sub.last_seq == 2, timeout=2.0)  # well before DRAIN_S: the task was woken
+        assert same(sub.index, expected_index(3))
+        assert (sub.stats.gaps, sub.stats.replayed, sub.stats.lost) == (1, 1, 0)
+    finally:
+        await stop(task)
+
+
+async def test_a_backlog_is_applied_in_slices(
+    ctx: zmq.asyncio.Context, pub: PublisherEmulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(subscriber_module, "DRAIN_S", 60.0)
+    monkeypatch.setattr(subscriber_module, "DRAIN_MAX", 2)
+    sub, task = await live(ctx, pub)
+    try:
+        for p in PAYLOADS[:5]:
+            await pub.publish(p)
+        await queued(sub)
+        assert sub.drain() == 2 and sub.last_seq == 1
+        assert sub.drain() == 2 and sub.last_seq == 3
+        assert sub.drain() == 1 and same(sub.index, expected_index(5))
+    finally:
+        await stop(task)
+
+
+async def test_without_requests_the_task_applies_the_stream_on_its_own(
+    ctx: zmq.asyncio.Context, pub: PublisherEmulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(subscriber_module, "DRAIN_S", 0.05)
+    sub, task = await live(ctx, pub)
+    try:
+        for p in PAYLOADS[:4]:
+            await pub.publish(p)
+        await until(lambda: sub.last_seq == 3, timeout=2.0)
+        assert same(sub.index, expected_index(4))
+    finally:
+        await stop(task)

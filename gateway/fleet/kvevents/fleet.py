@@ -71,18 +71,22 @@ class KVEventFleet:
         self._ctx.destroy(linger=0)
 
     def cached(self, names: Iterable[str], tokens: Sequence[int], now: float, whole: bool = True) -> PromptBlocks:
-        """How many leading blocks of the prompt each named backend holds, by its events or by this
-        gateway's recent decisions (decided()); keys are computed once per block size, not per
-        backend. `whole`: `tokens` are the prompt's own ids, not a leading run's."""
+        """How many leading blocks of the prompt each named backend holds, by its events (those
+        queued until now applied first) or by this gateway's recent decisions (decided()); keys are
+        computed once per block size, not per backend. `whole`: `tokens` are the prompt's own ids,
+        not a leading run's."""
         keys: dict[int, list[int]] = {}
         blocks: list[tuple[str, int]] = []
         sizes: list[tuple[str, int]] = []
         prompt_blocks = 0
         for name in names:
             sub = self.subscribers.get(name)
-            if sub is None or sub.index.block_size is None:
+            if sub is None:
                 continue
+            sub.drain()  # the batches that came since its last drain, so that the match sees them
             size = sub.index.block_size
+            if size is None:
+                continue
             if size not in keys:
                 keys[size] = self._chains.keys(tokens, size)
             prompt_blocks = max(prompt_blocks, len(keys[size]))

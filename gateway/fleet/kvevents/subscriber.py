@@ -6,7 +6,13 @@ dropped and rebuilt from its replay buffer. On connecting, the subscriber asks t
 for everything the engine buffered: that is how a gateway that starts after the engine learns what
 is already cached, before its first request rather than when the engine next publishes (the live
 stream's copies of the batches replayed then are skipped). Without a replay socket, or when the
-engine was not up yet, the first batch heard triggers that replay instead."""
+engine was not up yet, the first batch heard triggers that replay instead.
+
+The live stream is not awaited message by message: the batches wait in the socket's queue and are
+applied when a request is about to be matched (drain(), a non-blocking read) and every DRAIN_S
+otherwise. An awaited receive wakes the event loop for every batch, and that wake-up cost several
+times the batch's decoding (benchmarks/kv_feed.py); a match drained first also sees every batch
+that has arrived, where an awaited receive may still have some queued behind the request."""
 
 from __future__ import annotations
 
@@ -34,6 +40,13 @@ COPIES_S = 1.0
 stream (queued on the SUB socket meanwhile) and be skipped as a copy. Past it, a sequence that goes
 back is an engine restart, as always: an engine that restarts soon after an idle spell must not
 have its first batches taken for copies."""
+DRAIN_S = 0.05
+"""How often the task applies what the socket queued when no request has drained it meanwhile."""
+DRAIN_MAX = 64
+"""Batches applied in one drain: a request (or the task, before the loop's next turn) applies at
+most this many, so that a backlog is worked off in slices between other work."""
+RCV_HWM = 100_000
+"""Batches the socket queues before it drops (a dropped batch is a gap, filled by a replay)."""
 
 
 @dataclass
@@ -78,6 +91,12 @@ class EventSubscriber:
         self.last_seq: int | None = None
         self.connected = asyncio.Event()
         """Set once the SUB socket is connected (a test's publisher may start sending then)."""
+        self._live: zmq.Socket[bytes] | None = None
+        """The live stream's socket read without awaiting (drain()), once the catch-up is done."""
+        self._held: list[bytes] | None = None
+        """A batch drain() read that needs a replay first (a gap, a restart): the task's to apply."""
+        self._nudge: asyncio.Future[None] | None = None
+        """What the task's pause awaits: done at DRAIN_S, or at once when a batch is held."""
         self._replayed_to: int | None = None
         """The last batch the catch-up at connect replayed, while the live stream may still deliver
         copies of it and of those before it; None once a later batch is heard."""
@@ -90,28 +109,75 @@ class EventSubscriber:
         sub = self._ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.SUBSCRIBE, self._topic)
         sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.RCVHWM, RCV_HWM)
         sub.connect(self.endpoint)
         self.connected.set()
         try:
             if self._replay_endpoint is not None:
                 await self._catch_up()
             self.caught_up = True
+            self._live = zmq.Socket.shadow(sub.underlying)
             while True:
-                frames = await sub.recv_multipart()
-                await self.on_frames(frames)
+                held, self._held = self._held, None
+                if held is not None:
+                    await self.on_frames(held)
+                if self.drain() < DRAIN_MAX and self._held is None:
+                    await self._pause()
+                else:
+                    await asyncio.sleep(0)
         finally:
+            self._live = None
             sub.close(linger=0)
 
-    async def on_frames(self, frames: list[bytes]) -> None:
-        """One published message: (topic, 8-byte big-endian seq, msgpack batch)."""
+    async def _pause(self) -> None:
+        """DRAIN_S, or until a request's drain() leaves the task a batch to replay before."""
+        loop = asyncio.get_running_loop()
+        self._nudge = loop.create_future()
+        timer = loop.call_later(DRAIN_S, _wake, self._nudge)
+        try:
+            await self._nudge
+        finally:
+            timer.cancel()
+
+    def drain(self) -> int:
+        """Apply, in order, what the live socket holds now (DRAIN_MAX batches at most); a batch that
+        needs a replay first is left to the task. Returns how many batches were read."""
+        live = self._live
+        if live is None or self._held is not None:
+            return 0
+        read = 0
+        while read < DRAIN_MAX and int(live.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+            frames = live.recv_multipart(zmq.NOBLOCK)
+            read += 1
+            if not self._take(frames):
+                self._held = frames
+                if self._nudge is not None:
+                    _wake(self._nudge)
+                break
+        return read
+
+    def _take(self, frames: list[bytes]) -> bool:
+        """Apply a batch that follows the last one (or drop an undecodable one, or a copy of one the
+        catch-up replayed); False: it needs a replay first (on_frames)."""
         if len(frames) != 3 or len(frames[1]) != 8:
             self.stats.undecodable += 1
-            return
+            return True
         seq = int.from_bytes(frames[1], "big", signed=True)
         if self._replayed_to is not None:
             if seq <= self._replayed_to and asyncio.get_running_loop().time() < self._copies_until:
-                return  # queued on the SUB socket while the catch-up replayed it
+                return True  # queued on the SUB socket while the catch-up replayed it
             self._replayed_to = None
+        last = self.last_seq
+        if seq == (0 if last is None else last + 1):
+            self._apply(seq, frames[2])
+            return True
+        return False
+
+    async def on_frames(self, frames: list[bytes]) -> None:
+        """One published message: (topic, 8-byte big-endian seq, msgpack batch)."""
+        if self._take(frames):
+            return
+        seq = int.from_bytes(frames[1], "big", signed=True)
         last = self.last_seq
         if last is None:
             if seq > 0:
@@ -191,3 +257,8 @@ class EventSubscriber:
                         await asyncio.sleep(0)
         finally:
             dealer.close(linger=0)
+
+
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
