@@ -422,3 +422,31 @@ async def test_without_requests_the_task_applies_the_stream_on_its_own(
         assert same(sub.index, expected_index(4))
     finally:
         await stop(task)
+
+
+async def test_an_idle_stream_costs_no_wake_ups(
+    ctx: zmq.asyncio.Context, pub: PublisherEmulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The task waits for the socket to become readable, not on a timer: a fleet of idle engines
+    # must not wake the loop DRAIN_S after DRAIN_S for each of them.
+    monkeypatch.setattr(subscriber_module, "DRAIN_S", 0.01)
+    drains = 0
+    drain = EventSubscriber.drain
+
+    def counted(self: EventSubscriber) -> int:
+        nonlocal drains
+        drains += 1
+        return drain(self)
+
+    monkeypatch.setattr(EventSubscriber, "drain", counted)
+    sub, task = await live(ctx, pub)
+    try:
+        await asyncio.sleep(0.3)
+        assert drains <= 2  # the first, before the first wait
+        await pub.publish(PAYLOADS[0])
+        await until(lambda: sub.last_seq == 0, timeout=2.0)
+        settled = drains
+        await asyncio.sleep(0.3)
+        assert drains <= settled + 1
+    finally:
+        await stop(task)

@@ -9,8 +9,9 @@ stream's copies of the batches replayed then are skipped). Without a replay sock
 engine was not up yet, the first batch heard triggers that replay instead.
 
 The live stream is not awaited message by message: the batches wait in the socket's queue and are
-applied when a request is about to be matched (drain(), a non-blocking read) and every DRAIN_S
-otherwise. An awaited receive wakes the event loop for every batch, and that wake-up cost several
+applied when a request is about to be matched (drain(), a non-blocking read), and otherwise by the
+subscriber's task DRAIN_S after the socket became readable (no wake-up at all while the engine is
+idle). An awaited receive wakes the event loop for every batch, and that wake-up cost several
 times the batch's decoding (benchmarks/kv_feed.py); a match drained first also sees every batch
 that has arrived, where an awaited receive may still have some queued behind the request."""
 
@@ -41,7 +42,8 @@ stream (queued on the SUB socket meanwhile) and be skipped as a copy. Past it, a
 back is an engine restart, as always: an engine that restarts soon after an idle spell must not
 have its first batches taken for copies."""
 DRAIN_S = 0.05
-"""How often the task applies what the socket queued when no request has drained it meanwhile."""
+"""How long after the socket became readable the task applies what it queued (when no request has
+drained it meanwhile): the batches of that span are applied in one wake-up."""
 DRAIN_MAX = 64
 """Batches applied in one drain: a request (or the task, before the loop's next turn) applies at
 most this many, so that a backlog is worked off in slices between other work."""
@@ -96,7 +98,10 @@ class EventSubscriber:
         self._held: list[bytes] | None = None
         """A batch drain() read that needs a replay first (a gap, a restart): the task's to apply."""
         self._nudge: asyncio.Future[None] | None = None
-        """What the task's pause awaits: done at DRAIN_S, or at once when a batch is held."""
+        """What the task awaits between drains: done DRAIN_S after the socket became readable, or
+        at once when a request's drain() holds a batch."""
+        self._timer: asyncio.TimerHandle | None = None
+        """The task's next drain, armed when the socket becomes readable."""
         self._replayed_to: int | None = None
         """The last batch the catch-up at connect replayed, while the live stream may still deliver
         copies of it and of those before it; None once a later batch is heard."""
@@ -116,28 +121,43 @@ class EventSubscriber:
             if self._replay_endpoint is not None:
                 await self._catch_up()
             self.caught_up = True
-            self._live = zmq.Socket.shadow(sub.underlying)
-            while True:
-                held, self._held = self._held, None
-                if held is not None:
-                    await self.on_frames(held)
-                if self.drain() < DRAIN_MAX and self._held is None:
-                    await self._pause()
-                else:
-                    await asyncio.sleep(0)
+            live = self._live = zmq.Socket.shadow(sub.underlying)
+            loop = asyncio.get_running_loop()
+            fd = int(live.getsockopt(zmq.FD))
+            loop.add_reader(fd, self._signalled)
+            try:
+                while True:
+                    held, self._held = self._held, None
+                    if held is not None:
+                        await self.on_frames(held)
+                    if self.drain() < DRAIN_MAX and self._held is None:
+                        self._nudge = loop.create_future()
+                        await self._nudge
+                    else:
+                        await asyncio.sleep(0)
+            finally:
+                loop.remove_reader(fd)
         finally:
+            if self._timer is not None:
+                self._timer.cancel()
             self._live = None
             sub.close(linger=0)
 
-    async def _pause(self) -> None:
-        """DRAIN_S, or until a request's drain() leaves the task a batch to replay before."""
-        loop = asyncio.get_running_loop()
-        self._nudge = loop.create_future()
-        timer = loop.call_later(DRAIN_S, _wake, self._nudge)
-        try:
-            await self._nudge
-        finally:
-            timer.cancel()
+    def _signalled(self) -> None:
+        """The socket's descriptor woke the loop. ZMQ's signal is edge-triggered and reading the
+        socket's events clears it: the next one comes when a batch arrives on an emptied queue."""
+        live = self._live
+        if live is not None and int(live.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+            self._due_soon()
+
+    def _due_soon(self) -> None:
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(DRAIN_S, self._due)
+
+    def _due(self) -> None:
+        self._timer = None
+        if self._nudge is not None:
+            _wake(self._nudge)
 
     def drain(self) -> int:
         """Apply, in order, what the live socket holds now (DRAIN_MAX batches at most); a batch that
@@ -154,6 +174,9 @@ class EventSubscriber:
                 if self._nudge is not None:
                     _wake(self._nudge)
                 break
+        else:
+            if read == DRAIN_MAX:
+                self._due_soon()  # more may be queued, and no signal comes for batches already there
         return read
 
     def _take(self, frames: list[bytes]) -> bool:
