@@ -345,13 +345,14 @@ async def live(ctx: zmq.asyncio.Context, pub: PublisherEmulator) -> tuple[EventS
     """A subscriber past its catch-up, its SUB joined to the publisher."""
     sub, task = start(ctx, pub)
     await joined(sub, pub)
-    await until(lambda: sub.caught_up)
+    await until(lambda: sub.caught_up and not sub._readable)  # its first drain found nothing queued
     return sub, task
 
 
 async def queued(sub: EventSubscriber) -> None:
-    """Until the live socket holds what was just published (a burst arrives together)."""
-    await until(lambda: sub._live is not None and bool(int(sub._live.getsockopt(zmq.EVENTS)) & zmq.POLLIN))
+    """Until the socket signalled what was just published (a burst arrives together). Asking the
+    socket here would take its signal, which is edge-triggered, from the subscriber."""
+    await until(lambda: sub._readable)
     await asyncio.sleep(0.05)
 
 
@@ -448,5 +449,33 @@ async def test_an_idle_stream_costs_no_wake_ups(
         settled = drains
         await asyncio.sleep(0.3)
         assert drains <= settled + 1
+    finally:
+        await stop(task)
+
+
+async def test_a_request_asks_an_idle_socket_nothing(
+    ctx: zmq.asyncio.Context, pub: PublisherEmulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every request drains each backend's subscriber: with nothing signalled that is a flag test,
+    # not a call into ZMQ.
+    monkeypatch.setattr(subscriber_module, "DRAIN_S", 60.0)
+    sub, task = await live(ctx, pub)
+    asked = 0
+    get = subscriber_module._get
+
+    def counted(sock: zmq.Socket[bytes], option: int) -> object:
+        nonlocal asked
+        asked += 1
+        return get(sock, option)
+
+    monkeypatch.setattr(subscriber_module, "_get", counted)
+    try:
+        assert [sub.drain() for _ in range(100)] == [0] * 100
+        assert asked == 0
+        await pub.publish(PAYLOADS[0])
+        await queued(sub)
+        signalled = asked
+        assert sub.drain() == 1 and asked == signalled + 2  # the batch, then the empty queue
+        assert sub.drain() == 0 and asked == signalled + 2
     finally:
         await stop(task)

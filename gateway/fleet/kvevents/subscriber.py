@@ -9,17 +9,18 @@ stream's copies of the batches replayed then are skipped). Without a replay sock
 engine was not up yet, the first batch heard triggers that replay instead.
 
 The live stream is not awaited message by message: the batches wait in the socket's queue and are
-applied when a request is about to be matched (drain(), a non-blocking read), and otherwise by the
-subscriber's task DRAIN_S after the socket became readable (no wake-up at all while the engine is
-idle). An awaited receive wakes the event loop for every batch, and that wake-up cost several
+applied when a request is about to be matched (drain(), a non-blocking read once the socket has
+signalled), and otherwise by the subscriber's task DRAIN_S after the socket signalled (no wake-up
+at all while the engine is idle). An awaited receive wakes the event loop for every batch, and that wake-up cost several
 times the batch's decoding (benchmarks/kv_feed.py); a match drained first also sees every batch
-that has arrived, where an awaited receive may still have some queued behind the request."""
+the loop has been told of, where an awaited receive may still have some queued behind the request."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 from dataclasses import dataclass
+from typing import Final, cast
 
 import zmq
 import zmq.asyncio
@@ -49,6 +50,15 @@ DRAIN_MAX = 64
 most this many, so that a backlog is worked off in slices between other work."""
 RCV_HWM = 100_000
 """Batches the socket queues before it drops (a dropped batch is a gap, filled by a replay)."""
+EVENTS: Final = int(zmq.EVENTS)
+POLLIN: Final = int(zmq.POLLIN)
+_get = zmq.backend.Socket.get
+
+
+def _pollin(sock: zmq.Socket[bytes]) -> bool:
+    """Whether a batch is queued. Read as a plain int: pyzmq's own Socket.get makes an enum of the
+    events, which costs more than the read itself."""
+    return bool(cast(int, _get(sock, EVENTS)) & POLLIN)
 
 
 @dataclass
@@ -102,6 +112,9 @@ class EventSubscriber:
         at once when a request's drain() holds a batch."""
         self._timer: asyncio.TimerHandle | None = None
         """The task's next drain, armed when the socket becomes readable."""
+        self._readable = False
+        """The socket signalled batches that no drain has read to the end since: a request's
+        drain() reads nothing (and asks the socket nothing) while it is False."""
         self._replayed_to: int | None = None
         """The last batch the catch-up at connect replayed, while the live stream may still deliver
         copies of it and of those before it; None once a later batch is heard."""
@@ -122,6 +135,7 @@ class EventSubscriber:
                 await self._catch_up()
             self.caught_up = True
             live = self._live = zmq.Socket.shadow(sub.underlying)
+            self._readable = True  # what came during the catch-up
             loop = asyncio.get_running_loop()
             fd = int(live.getsockopt(zmq.FD))
             loop.add_reader(fd, self._signalled)
@@ -147,7 +161,8 @@ class EventSubscriber:
         """The socket's descriptor woke the loop. ZMQ's signal is edge-triggered and reading the
         socket's events clears it: the next one comes when a batch arrives on an emptied queue."""
         live = self._live
-        if live is not None and int(live.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+        if live is not None and _pollin(live):
+            self._readable = True
             self._due_soon()
 
     def _due_soon(self) -> None:
@@ -163,10 +178,13 @@ class EventSubscriber:
         """Apply, in order, what the live socket holds now (DRAIN_MAX batches at most); a batch that
         needs a replay first is left to the task. Returns how many batches were read."""
         live = self._live
-        if live is None or self._held is not None:
+        if live is None or not self._readable or self._held is not None:
             return 0
         read = 0
-        while read < DRAIN_MAX and int(live.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+        while read < DRAIN_MAX:
+            if not _pollin(live):
+                self._readable = False  # the next batch signals again: it finds the queue empty
+                break
             frames = live.recv_multipart(zmq.NOBLOCK)
             read += 1
             if not self._take(frames):
@@ -175,8 +193,7 @@ class EventSubscriber:
                     _wake(self._nudge)
                 break
         else:
-            if read == DRAIN_MAX:
-                self._due_soon()  # more may be queued, and no signal comes for batches already there
+            self._due_soon()  # DRAIN_MAX read: more may be queued, and no signal comes for those
         return read
 
     def _take(self, frames: list[bytes]) -> bool:
