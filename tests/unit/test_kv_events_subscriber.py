@@ -11,7 +11,9 @@ import base64
 import json
 import time
 from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any, Generic, TypeVar
 
 import pytest
 import zmq
@@ -27,6 +29,7 @@ pytestmark = pytest.mark.unit
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "kv_events" / "vllm.json"
 PAYLOADS = [base64.b64decode(f[2]) for f in json.loads(FIXTURE.read_text(encoding="utf-8"))["frames"]]
 TOPIC = b"kv"
+T = TypeVar("T")
 
 
 def bind(sock: zmq.asyncio.Socket, port: int = 0) -> int:
@@ -341,17 +344,41 @@ async def test_frames_of_the_wrong_shape_are_counted_and_skipped(
     assert (sub.stats.undecodable, sub.stats.batches) == (2, 1)
 
 
-async def live(ctx: zmq.asyncio.Context, pub: PublisherEmulator) -> tuple[EventSubscriber, asyncio.Task[None]]:
-    """A subscriber past its catch-up, its SUB joined to the publisher."""
+@asynccontextmanager
+async def live(ctx: zmq.asyncio.Context, pub: PublisherEmulator) -> AsyncIterator[EventSubscriber]:
+    """A subscriber past its catch-up, its SUB joined to the publisher; stopped on leaving."""
     sub, task = start(ctx, pub)
-    await joined(sub, pub)
-    await until(lambda: sub.caught_up and not sub._readable)  # its first drain found nothing queued
-    return sub, task
+    try:
+        await joined(sub, pub)
+        await until(lambda: sub.caught_up and not sub._readable)  # its first drain found nothing queued
+        yield sub
+    finally:
+        await stop(task)
 
 
-async def queued(sub: EventSubscriber) -> None:
-    """Until the socket signalled what was just published (a burst arrives together). Asking the
-    socket here would take its signal, which is edge-triggered, from the subscriber."""
+class Counted(Generic[T]):
+    """A function that counts its calls."""
+
+    def __init__(self, fn: Callable[..., T]) -> None:
+        self.fn = fn
+        self.calls = 0
+
+    def __call__(self, *args: Any) -> T:
+        self.calls += 1
+        return self.fn(*args)
+
+
+async def send(pub: PublisherEmulator, n: int) -> None:
+    for p in PAYLOADS[:n]:
+        await pub.publish(p)
+
+
+async def queued(sub: EventSubscriber, pub: PublisherEmulator | None = None, n: int = 0) -> None:
+    """Publish the first `n` batches, then wait until the socket signalled them (a burst arrives
+    together). Asking the socket here would take its signal, which is edge-triggered, from the
+    subscriber."""
+    if pub is not None:
+        await send(pub, n)
     await until(lambda: sub._readable)
     await asyncio.sleep(0.05)
 
@@ -362,25 +389,19 @@ async def test_a_request_applies_what_came_before_it_without_the_loop_waking_per
     # The task's own drain pushed out of the way: batches wait in the socket, not in the index,
     # until a request drains them; the loop is not woken for each.
     monkeypatch.setattr(subscriber_module, "DRAIN_S", 60.0)
-    sub, task = await live(ctx, pub)
-    try:
-        for p in PAYLOADS[:4]:
-            await pub.publish(p)
-        await queued(sub)
+    async with live(ctx, pub) as sub:
+        await queued(sub, pub, 4)
         assert sub.last_seq is None and len(sub.index) == 0
         assert sub.drain() == 4
         assert sub.last_seq == 3 and same(sub.index, expected_index(4))
         assert sub.drain() == 0
-    finally:
-        await stop(task)
 
 
 async def test_a_gap_a_request_finds_is_replayed_by_the_task_at_once(
     ctx: zmq.asyncio.Context, pub: PublisherEmulator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(subscriber_module, "DRAIN_S", 60.0)
-    sub, task = await live(ctx, pub)
-    try:
+    async with live(ctx, pub) as sub:
         await pub.publish(PAYLOADS[0])
         await pub.publish(PAYLOADS[1], send=False)
         await pub.publish(PAYLOADS[2])
@@ -390,8 +411,6 @@ async def test_a_gap_a_request_finds_is_replayed_by_the_task_at_once(
         await until(lambda: sub.last_seq == 2, timeout=2.0)  # well before DRAIN_S: the task was woken
         assert same(sub.index, expected_index(3))
         assert (sub.stats.gaps, sub.stats.replayed, sub.stats.lost) == (1, 1, 0)
-    finally:
-        await stop(task)
 
 
 async def test_a_backlog_is_applied_in_slices(
@@ -399,30 +418,21 @@ async def test_a_backlog_is_applied_in_slices(
 ) -> None:
     monkeypatch.setattr(subscriber_module, "DRAIN_S", 60.0)
     monkeypatch.setattr(subscriber_module, "DRAIN_MAX", 2)
-    sub, task = await live(ctx, pub)
-    try:
-        for p in PAYLOADS[:5]:
-            await pub.publish(p)
-        await queued(sub)
+    async with live(ctx, pub) as sub:
+        await queued(sub, pub, 5)
         assert sub.drain() == 2 and sub.last_seq == 1
         assert sub.drain() == 2 and sub.last_seq == 3
         assert sub.drain() == 1 and same(sub.index, expected_index(5))
-    finally:
-        await stop(task)
 
 
 async def test_without_requests_the_task_applies_the_stream_on_its_own(
     ctx: zmq.asyncio.Context, pub: PublisherEmulator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(subscriber_module, "DRAIN_S", 0.05)
-    sub, task = await live(ctx, pub)
-    try:
-        for p in PAYLOADS[:4]:
-            await pub.publish(p)
+    async with live(ctx, pub) as sub:
+        await send(pub, 4)
         await until(lambda: sub.last_seq == 3, timeout=2.0)
         assert same(sub.index, expected_index(4))
-    finally:
-        await stop(task)
 
 
 async def test_an_idle_stream_costs_no_wake_ups(
@@ -431,26 +441,16 @@ async def test_an_idle_stream_costs_no_wake_ups(
     # The task waits for the socket to become readable, not on a timer: a fleet of idle engines
     # must not wake the loop DRAIN_S after DRAIN_S for each of them.
     monkeypatch.setattr(subscriber_module, "DRAIN_S", 0.01)
-    drains = 0
-    drain = EventSubscriber.drain
-
-    def counted(self: EventSubscriber) -> int:
-        nonlocal drains
-        drains += 1
-        return drain(self)
-
-    monkeypatch.setattr(EventSubscriber, "drain", counted)
-    sub, task = await live(ctx, pub)
-    try:
+    drains = Counted(EventSubscriber.drain)
+    monkeypatch.setattr(EventSubscriber, "drain", lambda self: drains(self))
+    async with live(ctx, pub) as sub:
         await asyncio.sleep(0.3)
-        assert drains <= 2  # the first, before the first wait
+        assert drains.calls <= 2  # the first, before the first wait
         await pub.publish(PAYLOADS[0])
         await until(lambda: sub.last_seq == 0, timeout=2.0)
-        settled = drains
+        settled = drains.calls
         await asyncio.sleep(0.3)
-        assert drains <= settled + 1
-    finally:
-        await stop(task)
+        assert drains.calls <= settled + 1
 
 
 async def test_a_request_asks_an_idle_socket_nothing(
@@ -459,23 +459,13 @@ async def test_a_request_asks_an_idle_socket_nothing(
     # Every request drains each backend's subscriber: with nothing signalled that is a flag test,
     # not a call into ZMQ.
     monkeypatch.setattr(subscriber_module, "DRAIN_S", 60.0)
-    sub, task = await live(ctx, pub)
-    asked = 0
-    get = subscriber_module._get
-
-    def counted(sock: zmq.Socket[bytes], option: int) -> object:
-        nonlocal asked
-        asked += 1
-        return get(sock, option)
-
-    monkeypatch.setattr(subscriber_module, "_get", counted)
-    try:
+    asked = Counted(subscriber_module._get)
+    monkeypatch.setattr(subscriber_module, "_get", asked)
+    async with live(ctx, pub) as sub:
+        before = asked.calls  # the task's first drain, which found the queue empty
         assert [sub.drain() for _ in range(100)] == [0] * 100
-        assert asked == 0
-        await pub.publish(PAYLOADS[0])
-        await queued(sub)
-        signalled = asked
-        assert sub.drain() == 1 and asked == signalled + 2  # the batch, then the empty queue
-        assert sub.drain() == 0 and asked == signalled + 2
-    finally:
-        await stop(task)
+        assert asked.calls == before
+        await queued(sub, pub, 1)
+        signalled = asked.calls
+        assert sub.drain() == 1 and asked.calls == signalled + 2  # the batch, then the empty queue
+        assert sub.drain() == 0 and asked.calls == signalled + 2
