@@ -144,7 +144,7 @@ class EventSubscriber:
                     held, self._held = self._held, None
                     if held is not None:
                         await self.on_frames(held)
-                    if self.drain() < DRAIN_MAX and self._held is None:
+                    if self.drain() < DRAIN_MAX and not self._holding():
                         self._nudge = loop.create_future()
                         await self._nudge
                     else:
@@ -156,6 +156,11 @@ class EventSubscriber:
                 self._timer.cancel()
             self._live = None
             sub.close(linger=0)
+
+    def _holding(self) -> bool:
+        """A method, not `self._held is None` inline: mypy keeps the None it narrowed `_held` to
+        across the drain() call that may set it, and the compiled build checks that type."""
+        return self._held is not None
 
     def _signalled(self) -> None:
         """The socket's descriptor woke the loop. ZMQ's signal is edge-triggered and reading the
