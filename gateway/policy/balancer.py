@@ -29,6 +29,9 @@ HOT_SHARE = 1 / 3
 is hot: copies of it on several backends pay for themselves, and its requests even the load."""
 AFFINITY_MAX_ENTRIES = 65_536
 """prefix_affinity: learned block hashes kept (log2(blocks) + 1 per request: ~10k recent prompts)."""
+HASH_ORDERS = 65_536
+"""Conversations whose hash order KVEvents keeps (two blake2b digests and a sort each time
+otherwise, on every request of a kv_events pool); the table is emptied when full."""
 
 
 @value
@@ -266,9 +269,24 @@ class KVEvents(_NoMemory):
         self._recent: deque[bytes] = deque()
         """The conversation keys of the last `window` requests, oldest first."""
         self._counts: Counter[bytes] = Counter()
+        self._orders: dict[bytes, tuple[tuple[str, ...], list[str]]] = {}
+        """Conversation key -> (the candidates' names, their rendezvous order for it)."""
 
     def order(self, candidates: Sequence[Candidate], key: BalanceKey) -> list[Candidate]:
         return self.choose(candidates, key)[0]
+
+    def _hashed(self, seed: bytes, candidates: Sequence[Candidate]) -> list[str]:
+        """The candidates' names in the rendezvous order for `seed`, from the table while the
+        candidates are the same."""
+        names = tuple([c.name for c in candidates])
+        found = self._orders.get(seed)
+        if found is not None and found[0] == names:
+            return found[1]
+        if len(self._orders) >= HASH_ORDERS:
+            self._orders.clear()
+        order = [c.name for c in rendezvous(seed, candidates)]
+        self._orders[seed] = (names, order)
+        return order
 
     def choose(self, candidates: Sequence[Candidate], key: BalanceKey) -> tuple[list[Candidate], KVChoice | None]:
         """The order, and the decision with its explanation (None: no candidates)."""
@@ -276,7 +294,7 @@ class KVEvents(_NoMemory):
             return [], None
         states = [_state(c) for c in candidates]
         seed = _hash_seed(key)
-        hashed = [c.name for c in rendezvous(seed, candidates)] if seed is not None else []
+        hashed = self._hashed(seed, candidates) if seed is not None else []
         hot = seed is not None and self._hot(seed, len(candidates))
         choice = choose(states, hashed, key.cached, self._saturation, hot)
         first = next(c for c in candidates if c.name == choice.favourite)

@@ -138,6 +138,19 @@ def test_nothing_cached_uses_the_consistent_hash_and_replicas_agree() -> None:
         assert first[1].reason == "hash" and first[1].favourite == second[1].favourite
 
 
+def test_the_remembered_hash_order_follows_the_backends() -> None:
+    """The hash order is kept per conversation, but a backend added or gone gives the order a fresh
+    balancer computes for the new set, never the old set's."""
+    b = balancer()
+    for n in range(64):
+        key = BalanceKey(anchor=n * 7919 + 1)
+        for backends in (cands(0, 0), cands(0, 0, 0, 0), cands(0, 0)[1:], cands(0, 0, 0)):
+            remembered = b.choose(backends, key)[1]
+            computed = balancer().choose(backends, key)[1]
+            assert remembered is not None and computed is not None
+            assert remembered.favourite == computed.favourite
+
+
 def test_when_every_engine_reports_a_queue_the_holder_keeps_it() -> None:
     both = [fresh("b0", waiting=6), fresh("b1", 1, waiting=6)]
     choice = balancer().choose(both, BalanceKey(cached=held(6, b1=5)))[1]
