@@ -326,10 +326,10 @@ class PoolConfig(_Model):
     backends: Annotated[tuple[BackendConfig, ...], Field(min_length=1)]
     session_header: str = "x-session-id"
     affinity_epsilon: Annotated[float, Field(ge=0)] = 0.25
+    """prefix_affinity spills to the next choice past (1+epsilon) x the pool's mean load."""
     affinity_slack: Annotated[int, Field(ge=0)] = 4
     """prefix_affinity: the favourite may also run this many requests above the mean load, so that
     small pools at low load keep their caches instead of spilling on every chance imbalance."""
-    """prefix_affinity spills to the next choice past (1+epsilon) x the pool's mean load."""
     kv_epsilon: Annotated[float, Field(ge=0)] = 0.5
     """kv_events: the backend holding the longest cached prefix keeps the request until it would
     carry more than (1+kv_epsilon) x the pool's mean load (requests decided and not yet started
