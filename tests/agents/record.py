@@ -1,5 +1,5 @@
 """Record what the real coding agents send, as fixtures for the differential replay
-(tests/integration/test_agent_fixtures.py). Re-record when an agent releases:
+(tests/integration/test_agents.py). Re-record when an agent releases:
 
     bash tests/engines/setup.sh llamacpp && bash tests/agents/setup.sh   # or GATEWAY_AGENTS=latest
     python tests/agents/record.py [--out tests/fixtures/agents]
