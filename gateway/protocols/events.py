@@ -8,7 +8,7 @@ import json
 from typing import Any, Final
 
 DEFAULT_MAX_EVENT_BYTES: Final = 2 << 20
-"""limits.max_event_bytes' default (gateway/config.py): far above any token delta, and above the
+"""limits.max_event_bytes' default (gateway/config/settings.py): far above any token delta, and above the
 final Responses event that carries a whole long answer (~0.5 MB for 100k tokens of English). Not
 higher: the bytes a hostile backend sends before its stream is cut delay every other request on
 the process (docs/reliability.md, "Backend isolation": with no limit a healthy route's p99 was 7-8

@@ -162,7 +162,7 @@ def test_documented_defaults_are_the_code_defaults(rows: list[tuple[str, dict[st
         want, got = expected_default(field), documented_default(row["default"])
         if got != want or isinstance(got, bool) != isinstance(want, bool):
             wrong.append(f"{key}: documented {row['default']}, code has {want!r}")
-    assert not wrong, "docs/configuration.md defaults differ from gateway/config.py:\n" + "\n".join(wrong)
+    assert not wrong, "docs/configuration.md defaults differ from gateway/config/:\n" + "\n".join(wrong)
 
 
 def test_walker_sees_the_nested_keys() -> None:

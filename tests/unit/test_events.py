@@ -129,5 +129,5 @@ def test_the_native_observer_reads_a_long_final_event() -> None:
 
 
 def test_the_configured_default_is_the_scanners_default() -> None:
-    # gateway/config.py imports nothing from the gateway, so it spells the number itself.
+    # gateway/config/ imports nothing from the gateway, so it spells the number itself.
     assert LimitsConfig().max_event_bytes == DEFAULT_MAX_EVENT_BYTES
