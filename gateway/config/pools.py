@@ -118,12 +118,14 @@ class PoolConfig(Section):
     affinity_slack, the same default): fewer spills for a less even load; so may a conversation's
     hash home while this gateway does not know the prompt's ids; a conversation known to be held
     nowhere gets none."""
-    kv_saturation_waiting: Annotated[int, Field(ge=1)] | None = 4
+    kv_saturation_waiting: Annotated[int, Field(ge=1)] | None = None
     """kv_events: an engine reporting this many queued requests (a fresh scrape) while it carries
-    more than the pool's mean load is saturated."""
-    kv_saturation_kv_usage: Annotated[float, Field(gt=0, le=1)] | None = 0.95
+    more than the pool's mean load is saturated. Unset: the load bound alone decides, which kept
+    more of the cache at the same balance where the gateway sees every request
+    (docs/routing-benchmark.md); set it where engines also serve traffic the gateway does not see."""
+    kv_saturation_kv_usage: Annotated[float, Field(gt=0, le=1)] | None = None
     """kv_events: an engine reporting its KV cache this full (a fresh scrape) while it carries more
-    than the pool's mean load is saturated."""
+    than the pool's mean load is saturated. Unset, as kv_saturation_waiting."""
     tokenizer: Annotated[str, Field(min_length=1)] | None = None
     """kv_events: a directory with the pool's model's tokenizer.json and chat template
     (tokenizer_config.json or chat_template.jinja): prompts' token ids are encoded by the gateway

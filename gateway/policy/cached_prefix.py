@@ -61,10 +61,11 @@ class Saturation:
     the mean load (as prefix_affinity's affinity_slack): fewer spills, and so fewer prefixes copied,
     for a less even load (docs/routing-benchmark.md measures both). So may the conversation's hash
     home when this gateway does not know the prompt's ids yet."""
-    waiting: int | None = 4
-    """The engine's own queue (a fresh scrape) reached this many requests."""
-    kv_usage: float | None = 0.95
-    """The engine's KV cache (a fresh scrape) is this full: what it holds is about to be evicted."""
+    waiting: int | None = None
+    """The engine's own queue (a fresh scrape) reached this many requests (None: not consulted)."""
+    kv_usage: float | None = None
+    """The engine's KV cache (a fresh scrape) is this full: what it holds is about to be evicted
+    (None: not consulted)."""
 
 
 @value

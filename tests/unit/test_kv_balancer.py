@@ -32,7 +32,9 @@ TWO = {
     },
     "routes": [{"model": "m", "pools": ["p"]}],
 }
-POOL = PoolConfig(engine="sim", balancer="kv_events", backends=(BackendConfig(url="http://127.0.0.1:1"),))
+DEFAULTS = PoolConfig(engine="sim", balancer="kv_events", backends=(BackendConfig(url="http://127.0.0.1:1"),))
+POOL = DEFAULTS.model_copy(update={"kv_saturation_waiting": 4, "kv_saturation_kv_usage": 0.95})
+"""A pool that consults the engines' own saturation signals (off by default)."""
 
 
 def balancer() -> KVEvents:
@@ -236,8 +238,20 @@ def test_saturation_thresholds_come_from_the_pool() -> None:
     choice = made.choose(busy, BalanceKey(cached=held(6, b1=5)))[1]
     assert choice is not None and choice.reason == "sticky"
     assert Saturation() == Saturation(
-        POOL.kv_epsilon, POOL.kv_slack, POOL.kv_saturation_waiting, POOL.kv_saturation_kv_usage
+        DEFAULTS.kv_epsilon, DEFAULTS.kv_slack, DEFAULTS.kv_saturation_waiting, DEFAULTS.kv_saturation_kv_usage
     )
+
+
+def test_by_default_an_engines_own_signals_do_not_move_a_conversation() -> None:
+    """Unset thresholds: a holder whose scrape shows a long queue and a full cache keeps the
+    request while it is within the load bound; with them set it spills."""
+    made = make_balancer("kv_events", DEFAULTS)
+    assert isinstance(made, KVEvents)
+    busy = [fresh("b0"), fresh("b1", 3, waiting=4, kv_usage=1.0)]  # load 4 against 0: within the bound
+    choice = made.choose(busy, BalanceKey(cached=held(6, b1=5)))[1]
+    assert choice is not None and (choice.favourite, choice.reason) == ("b1", "sticky")
+    choice = balancer().choose(busy, BalanceKey(cached=held(6, b1=5)))[1]
+    assert choice is not None and (choice.favourite, choice.reason) == ("b0", "spill")
 
 
 def test_of_equal_holders_the_conversations_home_wins_over_a_lighter_load() -> None:
