@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from gateway.config.schema import NAME_PATTERN, BalancerKind, EngineKind, Section
+from gateway.config.schema import NAME_PATTERN, BalancerKind, EngineKind, Section, http_url
 
 
 class KVEventsSource(Section):
@@ -52,9 +52,7 @@ class InferencePoolRef(Section):
     @field_validator("api_server")
     @classmethod
     def _check_api_server(cls, url: str | None) -> str | None:
-        if url is not None and not re.match(r"^https?://[^/\s]+", url):
-            raise ValueError("api_server must be an http:// or https:// URL")
-        return url
+        return http_url(url, "api_server")
 
 
 class BackendConfig(Section):

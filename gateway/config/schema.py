@@ -3,6 +3,7 @@ kinds the sections choose from."""
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -20,3 +21,10 @@ class Section(BaseModel):
     """A section of gateway.yaml: frozen, and a key it does not know is an error."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def http_url(url: str | None, name: str) -> str | None:
+    """`url` when it is None or an http:// or https:// URL with a host; else a ValueError naming the key."""
+    if url is not None and not re.match(r"^https?://[^/\s]+", url):
+        raise ValueError(f"{name} must be an http:// or https:// URL")
+    return url

@@ -9,7 +9,7 @@ from typing import Annotated, Literal, get_args
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from gateway.config.schema import NAME_PATTERN, PlatformName, Priority, Section
+from gateway.config.schema import NAME_PATTERN, PlatformName, Priority, Section, http_url
 
 
 class ServerConfig(Section):
@@ -125,9 +125,7 @@ class TracingConfig(Section):
     @field_validator("endpoint")
     @classmethod
     def _check_endpoint(cls, endpoint: str | None) -> str | None:
-        if endpoint is not None and not re.match(r"^https?://[^\s/]+", endpoint):
-            raise ValueError("endpoint must be an http:// or https:// URL")
-        return endpoint
+        return http_url(endpoint, "endpoint")
 
 
 class SharingConfig(Section):
