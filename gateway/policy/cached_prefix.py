@@ -117,21 +117,19 @@ def choose(
     that needs them (3 to 5 µs a decision with two backends, docs/routing.md)."""
     n = len(states)
     total = 0.0
-    scraped = False
     for s in states:
         total += s.load
-        scraped = scraped or s.waiting is not None or s.kv_usage is not None
     limit = bound_of(total, n, sat.epsilon)
     keep = max(limit, (total + 1.0) / n + sat.slack)  # what a holder of the prompt may carry: bound_of's slack
     busy: frozenset[str] = frozenset()
-    if scraped:
+    if sat.waiting is not None or sat.kv_usage is not None:  # the signals are off by default
         # Saturated: the engine says so in a fresh scrape AND it carries more than the mean load now.
         # A scrape is up to scrape_interval_s old; alone it moved conversations off holders that had
         # drained since (each move a full prefill elsewhere and a copy of the prefix). Every engine
         # reporting a queue or a full cache: moving the request shortens no queue, and a cached
         # prefix still saves its prefill, so only the load bound applies.
         flagged = [s for s in states if signalled(s, sat)]
-        if len(flagged) < n:
+        if flagged and len(flagged) < n:
             mean_now = total / n
             busy = frozenset([s.name for s in flagged if s.load > mean_now])
     matched: Mapping[str, int] = dict(cached.blocks) if cached is not None and cached.blocks else {}
