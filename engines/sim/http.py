@@ -174,6 +174,9 @@ class HttpConn:
     # -- writing --------------------------------------------------------------------------------------
     async def send(self, data: bytes) -> None:
         if self.gone.is_set() or self._writer.is_closing():
+            # A reset closes the transport before the watcher's read sees it: that is the client
+            # leaving all the same, so record when.
+            self._mark_gone()
             raise ClientGone
         step = self.split or len(data) or 1
         try:
