@@ -227,7 +227,8 @@ def main() -> int:
 
     try:
         nginx_port, paced_port, gw_port = free_port(), free_port(), free_port()
-        (tmp / "nginx.conf").write_text(configs.NGINX_CONF.format(tmp=tmp, port=nginx_port, sse_port=free_port()))
+        conf = configs.NGINX_CONF.format(tmp=tmp, port=nginx_port, sse_port=free_port(), json_log=configs.json_log())
+        (tmp / "nginx.conf").write_text(conf)
         nginx = env.start("nginx", ["nginx", "-c", str(tmp / "nginx.conf"), "-g", "daemon off;"], load_core)
         paced = env.start(
             "paced",

@@ -12,7 +12,7 @@ pid {tmp}/nginx.pid;
 error_log {tmp}/nginx-error.log warn;
 events {{ worker_connections 8192; }}
 http {{
-    access_log off;
+    {json_log}
     types {{ application/json json; text/event-stream sse; }}
     client_body_temp_path {tmp}/nginx-body;
     proxy_temp_path {tmp}/nginx-proxy;
@@ -50,6 +50,19 @@ http {{
     }}
 }}
 """
+
+
+def json_log(path: str = "", port: int = 0) -> str:
+    """NGINX_CONF's `json_log`: no access log, or one line a request to the json location of the
+    server on `port` at `path` (followed by kv_publisher.py). Conditional at the http level because
+    the location's error_page redirect logs under the server's settings, not the location's."""
+    if not path:
+        return "access_log off;"
+    return (
+        f'map "$server_port $request_uri" $json_request {{ "{port} /v1/chat/completions" 1; default 0; }}\n'
+        f"    access_log {path} combined if=$json_request;"
+    )
+
 
 # One route per upstream, with rules and caps as in the shipped gateway.yaml (shared-prefix detection
 # and the cap check run on every request), engine vllm (health /health; its /metrics scrape gets 404).

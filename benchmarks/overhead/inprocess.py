@@ -246,7 +246,7 @@ def _batches(args: argparse.Namespace, chats: list[list[dict[str, str]]]) -> lis
     for messages in chats:
         ids = tokenizer.ids({"messages": messages}) if tokenizer is not None else None
         prompts.append(ids if ids is not None else [FILLER_PROMPT] * (sum(len(m["content"]) for m in messages) // 3))
-    return kvevents.batches(prompts, generated=128, keep=args.requests // 2)
+    return kvevents.batches(prompts, generated=kvevents.GENERATED, keep=args.requests // 2)
 
 
 def main() -> None:

@@ -16,6 +16,8 @@ import msgpack
 
 BLOCK_SIZE = 128
 """vLLM's CPU block size (docs/routing-benchmark.md): the blocks the affinity benchmark's engines publish."""
+GENERATED = 128
+"""Tokens each request generates (its max_tokens in the overhead benchmark's body)."""
 FILLER = 42
 """The id of the generated tokens in a batch (their value does not change the cost)."""
 SYSTEM = (
@@ -74,16 +76,16 @@ def body(model: str, messages: list[dict[str, str]], max_tokens: int) -> bytes:
     return json.dumps({"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0.7}).encode()
 
 
-def batch(seq: int, ids: list[int], generated: int, stored_from: int, removed: list[int]) -> list[bytes]:
-    """The frames (topic, seq, payload) of a vLLM batch: the full blocks of `ids` followed by
-    `generated` tokens stored under hashes from `stored_from`, and the blocks `removed` evicted."""
+def events(ids: list[int], generated: int, stored_from: int, removed: list[int]) -> list[dict[str, Any]]:
+    """A request's events, as vLLM publishes them: the blocks `removed` evicted, and the full blocks of
+    `ids` followed by `generated` tokens stored under hashes from `stored_from`."""
     tokens = ids + [FILLER] * generated
     blocks = len(tokens) // BLOCK_SIZE
-    events: list[dict[str, Any]] = []
+    out: list[dict[str, Any]] = []
     if removed:
-        events.append({"type": "BlockRemoved", "block_hashes": removed, "medium": "GPU"})
+        out.append({"type": "BlockRemoved", "block_hashes": removed, "medium": "GPU"})
     if blocks:
-        events.append(
+        out.append(
             {
                 "type": "BlockStored",
                 "block_hashes": list(range(stored_from, stored_from + blocks)),
@@ -95,8 +97,18 @@ def batch(seq: int, ids: list[int], generated: int, stored_from: int, removed: l
                 "lora_name": None,
             }
         )
-    payload: bytes = msgpack.packb([float(seq), events, 0])
+    return out
+
+
+def frames(seq: int, batch_events: list[dict[str, Any]]) -> list[bytes]:
+    """The frames (topic, seq, payload) of a vLLM batch holding `batch_events`."""
+    payload: bytes = msgpack.packb([float(seq), batch_events, 0])
     return [b"kv", seq.to_bytes(8, "big", signed=True), payload]
+
+
+def batch(seq: int, ids: list[int], generated: int, stored_from: int, removed: list[int]) -> list[bytes]:
+    """The frames of a batch holding one request's events (`events`)."""
+    return frames(seq, events(ids, generated, stored_from, removed))
 
 
 def batches(prompts: list[list[int]], generated: int, keep: int) -> list[list[bytes]]:

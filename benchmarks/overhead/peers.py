@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +41,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import bodies  # noqa: E402
 import configs  # noqa: E402
+import kvevents  # noqa: E402
 from bench import Profiler, loadgen, wrk  # noqa: E402
 from machine import CpuMeter, Noise, children, rss_mb  # noqa: E402
 from processes import REPO, Env, Proc, free_port, own_autogroup_nice, restore_autogroup_nice, set_nice  # noqa: E402
@@ -52,6 +54,7 @@ ROUTERS = {"sglang-router": "0.3.2", "vllm-router": "0.1.17"}
 KINDS = ("json", "sse", "paced")  # the upstream each test uses: nginx static, nginx static SSE, paced
 TESTS = ("nonstream", "fast", "realistic", "latency")
 MODEL = {kind: f"bench-{kind}" for kind in KINDS}
+KV_PEER = "gateway~kv_events"
 
 NGINX_PROXY_SERVER = """\
     upstream up_{kind} {{ server 127.0.0.1:{up_port}; keepalive 256; }}
@@ -123,6 +126,19 @@ def router_venv(package: str, version: str) -> tuple[Path | None, str]:
         return None, f"{package}=={version} did not install: {out.stderr.strip().splitlines()[-1:]}"
     marker.write_text(version + "\n")
     return venv, ""
+
+
+def kv_events_seen(base: str) -> dict[str, float]:
+    """What the kv_events peer's subscribers applied, from its /metrics (summed over its backends): a
+    run where no batch arrived measured nothing."""
+    text = urllib.request.urlopen(f"{base}/metrics", timeout=10).read().decode()
+    seen: dict[str, float] = {}
+    for line in text.splitlines():
+        name, _, value = line.partition("{")
+        key = name.removeprefix("gateway_kv_events_").removesuffix("_total")
+        if name.startswith("gateway_kv_events_") and key in ("batches", "events", "lost", "index_blocks"):
+            seen[key] = seen.get(key, 0.0) + float(value.rsplit(" ", 1)[1])
+    return seen
 
 
 def wait_ready(url: str, proc: Proc, body: Path, events: int = 0, timeout_s: float = 60.0) -> None:
@@ -289,7 +305,9 @@ def main() -> int:
         default="gateway,gateway+mypyc,gateway@warning,floor,sglang-router,vllm-router,nginx",
         help="comma-separated: gateway (its default log level), gateway+mypyc (the compiled build), "
         "gateway@LEVEL, gateway~otel=RATIO (tracing on, exporting to otlp_sink.py, RATIO of the requests "
-        "sampled), envoy+epp (Envoy with gateway epp picking the endpoint), floor, sglang-router, vllm-router, nginx",
+        "sampled), gateway~kv_events (the json pool routed by kv_events over two backends, every request's "
+        "KV events published by kv_publisher.py), envoy+epp (Envoy with gateway epp picking the endpoint), floor, "
+        "sglang-router, vllm-router, nginx",
     )
     p.add_argument("--compare", nargs=2, metavar=("REV_A", "REV_B"), help="two commits of the gateway and the floor")
     p.add_argument("--smoke", action="store_true", help="20 s: gateway vs floor; exit 1 past 2x the floor")
@@ -297,6 +315,17 @@ def main() -> int:
     p.add_argument("--profile", type=Path, default=None, help="py-spy the first gateway peer, round 1")
     p.add_argument(
         "--native", action="store_true", help="with --profile: py-spy --native (the compiled build's C frames)"
+    )
+    p.add_argument(
+        "--kv-tokenizer",
+        default=os.environ.get("TINY_HF_DIR", ""),
+        help="gateway~kv_events: the pool's tokenizer (default $TINY_HF_DIR; empty: none)",
+    )
+    p.add_argument(
+        "--kv-step-ms",
+        type=float,
+        default=10,
+        help="gateway~kv_events: the engines' step, one event batch each (0: a batch per request)",
     )
     p.add_argument("--nice", type=int, default=0, help="as bench.py: a negative value keeps the cores (root)")
     p.add_argument("--json", type=Path, default=None, help="also write every raw figure here")
@@ -351,7 +380,11 @@ def main() -> int:
     meta: dict[str, Any] = {"params": {k: str(v) for k, v in vars(a).items()}, "head": head_state()}
     try:
         up_port, paced_port, sse_port = free_port(), free_port(), free_port()
-        (tmp / "nginx.conf").write_text(configs.NGINX_CONF.format(tmp=tmp, port=up_port, sse_port=sse_port))
+        kv = KV_PEER in peer_names
+        access = str(tmp / "json-access.log") if kv else ""
+        log_line = configs.json_log(access, up_port)
+        ups = configs.NGINX_CONF.format(tmp=tmp, port=up_port, sse_port=sse_port, json_log=log_line)
+        (tmp / "nginx.conf").write_text(ups)
         nginx_up = env.start("nginx-upstream", ["nginx", "-c", str(tmp / "nginx.conf"), "-g", "daemon off;"], load_core)
         pace = ["--tokens", str(a.tokens), "--delay-ms", str(a.delay_ms)]
         paced = env.start(
@@ -372,18 +405,33 @@ def main() -> int:
                 "otlp-sink", [sys.executable, str(HERE / "otlp_sink.py"), "--port", str(sink_port)], load_core
             )
             sink_url = f"http://127.0.0.1:{sink_port}"
+        kv_ports = [free_port(), free_port()]
+        if kv:
+            # Two engines' event publishers on the load core: a batch for each request nginx serves.
+            argv = [sys.executable, str(HERE / "kv_publisher.py"), "--log", access, "--body", str(body["json"])]
+            argv += ["--ports", ",".join(map(str, kv_ports)), "--tokenizer", a.kv_tokenizer]
+            argv += ["--step-ms", str(a.kv_step_ms)]
+            publisher = env.start("kv-publisher", argv, load_core)
         time.sleep(0.5)
         load_pids = [nginx_up.pid, *children(nginx_up.pid), paced.pid]
         if sink_url:
             load_pids.append(sink.pid)
+        if kv:
+            load_pids.append(publisher.pid)
 
-        def gateway_conf(port: int, sse: str) -> str:
+        def gateway_conf(port: int, sse: str, kv_events: bool = False) -> str:
             routes = "".join(configs.ROUTE.format(model=MODEL[k], pool=k) for k in KINDS)
-            return configs.GATEWAY_CONF.format(port=port, nginx=up_port, sse=sse, paced=paced_port, routes=routes)
+            text = configs.GATEWAY_CONF.format(port=port, nginx=up_port, sse=sse, paced=paced_port, routes=routes)
+            if kv_events:  # the json pool: two backends (both the nginx upstream), each with its events
+                line = next(x for x in text.splitlines() if x.lstrip().startswith("json:"))
+                text = text.replace(line, "  " + kvevents.pool_yaml("kv_events", up_port, kv_ports, a.kv_tokenizer))
+            return text
 
-        def start_gateway(name: str, level: str | None, src: Path, extra: dict[str, str] | None = None) -> Peer:
+        def start_gateway(
+            name: str, level: str | None, src: Path, extra: dict[str, str] | None = None, kv_events: bool = False
+        ) -> Peer:
             port = free_port()
-            yaml = gateway_conf(port, upstream["sse"])
+            yaml = gateway_conf(port, upstream["sse"], kv_events)
             conf = tmp / f"{name.replace('@', '-').replace('=', '-')}.yaml"
             conf.write_text(yaml)
             argv = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(conf), "--port", str(port)]
@@ -437,6 +485,10 @@ def main() -> int:
                 if name == "gateway" or name.startswith("gateway@"):
                     level = name.split("@", 1)[1] if "@" in name else None
                     peer = start_gateway(name, level, REPO)
+                elif name == KV_PEER:
+                    peer = start_gateway(name, None, REPO, kv_events=True)
+                    step = f"a batch per engine every {a.kv_step_ms:g} ms" if a.kv_step_ms else "a batch per request"
+                    peer.note = f"json pool: kv_events over two backends; every request's events published, {step}"
                 elif name == "gateway+mypyc":
                     peer = start_gateway(name, None, compiled_build())
                 elif name.startswith("gateway~otel="):  # tracing on, this share of requests sampled
@@ -607,6 +659,10 @@ def main() -> int:
                     for proc in peer.procs:
                         if not proc.alive():
                             raise SystemExit(f"{peer.name} died:\n{proc.tail()}")
+        kv_peer = next((p for p in running if p.name == KV_PEER), None)
+        if kv_peer is not None:
+            meta["kv_events"] = kv_events_seen(kv_peer.urls["json"])
+            log(f"{KV_PEER}: {meta['kv_events']}")
         meta["elapsed_s"] = time.monotonic() - t0
     finally:
         env.stop_all()
