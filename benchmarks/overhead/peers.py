@@ -55,6 +55,9 @@ KINDS = ("json", "sse", "paced")  # the upstream each test uses: nginx static, n
 TESTS = ("nonstream", "fast", "realistic", "latency")
 MODEL = {kind: f"bench-{kind}" for kind in KINDS}
 KV_PEER = "gateway~kv_events"
+POOL_PEERS = {f"gateway~{b}": b for b in ("least_load", "prefix_affinity", "kv_events")}
+"""The json pool over two backends (both the nginx upstream) routed by this balancer; kv_events's
+backends publish every request's KV events (kv_publisher.py)."""
 
 NGINX_PROXY_SERVER = """\
     upstream up_{kind} {{ server 127.0.0.1:{up_port}; keepalive 256; }}
@@ -305,9 +308,9 @@ def main() -> int:
         default="gateway,gateway+mypyc,gateway@warning,floor,sglang-router,vllm-router,nginx",
         help="comma-separated: gateway (its default log level), gateway+mypyc (the compiled build), "
         "gateway@LEVEL, gateway~otel=RATIO (tracing on, exporting to otlp_sink.py, RATIO of the requests "
-        "sampled), gateway~kv_events (the json pool routed by kv_events over two backends, every request's "
-        "KV events published by kv_publisher.py), envoy+epp (Envoy with gateway epp picking the endpoint), floor, "
-        "sglang-router, vllm-router, nginx",
+        "sampled), gateway~BALANCER (the json pool over two backends routed by least_load, prefix_affinity or "
+        "kv_events; kv_events's fed every request's KV events by kv_publisher.py), envoy+epp (Envoy with "
+        "gateway epp picking the endpoint), floor, sglang-router, vllm-router, nginx",
     )
     p.add_argument("--compare", nargs=2, metavar=("REV_A", "REV_B"), help="two commits of the gateway and the floor")
     p.add_argument("--smoke", action="store_true", help="20 s: gateway vs floor; exit 1 past 2x the floor")
@@ -419,19 +422,19 @@ def main() -> int:
         if kv:
             load_pids.append(publisher.pid)
 
-        def gateway_conf(port: int, sse: str, kv_events: bool = False) -> str:
+        def gateway_conf(port: int, sse: str, balancer: str = "") -> str:
             routes = "".join(configs.ROUTE.format(model=MODEL[k], pool=k) for k in KINDS)
             text = configs.GATEWAY_CONF.format(port=port, nginx=up_port, sse=sse, paced=paced_port, routes=routes)
-            if kv_events:  # the json pool: two backends (both the nginx upstream), each with its events
+            if balancer:  # the json pool: two backends (both the nginx upstream), kv_events's with events
                 line = next(x for x in text.splitlines() if x.lstrip().startswith("json:"))
-                text = text.replace(line, "  " + kvevents.pool_yaml("kv_events", up_port, kv_ports, a.kv_tokenizer))
+                text = text.replace(line, "  " + kvevents.pool_yaml(balancer, up_port, kv_ports, a.kv_tokenizer))
             return text
 
         def start_gateway(
-            name: str, level: str | None, src: Path, extra: dict[str, str] | None = None, kv_events: bool = False
+            name: str, level: str | None, src: Path, extra: dict[str, str] | None = None, balancer: str = ""
         ) -> Peer:
             port = free_port()
-            yaml = gateway_conf(port, upstream["sse"], kv_events)
+            yaml = gateway_conf(port, upstream["sse"], balancer)
             conf = tmp / f"{name.replace('@', '-').replace('=', '-')}.yaml"
             conf.write_text(yaml)
             argv = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(conf), "--port", str(port)]
@@ -485,10 +488,12 @@ def main() -> int:
                 if name == "gateway" or name.startswith("gateway@"):
                     level = name.split("@", 1)[1] if "@" in name else None
                     peer = start_gateway(name, level, REPO)
-                elif name == KV_PEER:
-                    peer = start_gateway(name, None, REPO, kv_events=True)
+                elif name in POOL_PEERS:
+                    peer = start_gateway(name, None, REPO, balancer=POOL_PEERS[name])
+                    peer.note = f"json pool: {POOL_PEERS[name]} over two backends"
                     step = f"a batch per engine every {a.kv_step_ms:g} ms" if a.kv_step_ms else "a batch per request"
-                    peer.note = f"json pool: kv_events over two backends; every request's events published, {step}"
+                    if name == KV_PEER:
+                        peer.note += f"; every request's events published, {step}"
                 elif name == "gateway+mypyc":
                     peer = start_gateway(name, None, compiled_build())
                 elif name.startswith("gateway~otel="):  # tracing on, this share of requests sampled
