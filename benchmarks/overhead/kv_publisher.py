@@ -32,8 +32,8 @@ from typing import Any
 
 import zmq
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import kvevents
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, run as a script
+from benchmarks.overhead import kvevents
 
 IDLE_S = 0.0005
 """With --step-ms 0: how often the log is read (a batch follows its request closely)."""
@@ -42,10 +42,9 @@ IDLE_S = 0.0005
 def prompt_ids(body: Path, tokenizer: str) -> list[int]:
     messages = json.loads(body.read_bytes())["messages"]
     if tokenizer:
-        sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the gateway's own encoder
-        from gateway.pipeline.chat_tokenizer import ChatTokenizer
+        from gateway.pipeline.chat_tokenizer import ChatTokenizer  # the gateway's own encoder
 
-        ids = ChatTokenizer.load(Path(tokenizer)).ids({"messages": messages})
+        ids = ChatTokenizer.load(tokenizer).ids({"messages": messages})
         if ids is not None:
             return ids
     return [7] * (sum(len(m["content"]) for m in messages) // 3)
