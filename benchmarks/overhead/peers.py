@@ -491,8 +491,8 @@ def main() -> int:
                 elif name in POOL_PEERS:
                     peer = start_gateway(name, None, REPO, balancer=POOL_PEERS[name])
                     peer.note = f"json pool: {POOL_PEERS[name]} over two backends"
-                    step = f"a batch per engine every {a.kv_step_ms:g} ms" if a.kv_step_ms else "a batch per request"
                     if name == KV_PEER:
+                        step = f"a batch per engine every {a.kv_step_ms:g} ms" if a.kv_step_ms else "one a request"
                         peer.note += f"; every request's events published, {step}"
                 elif name == "gateway+mypyc":
                     peer = start_gateway(name, None, compiled_build())
