@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import msgpack
+import msgspec
 
 BLOCK_SIZE = 128
 """vLLM's CPU block size (docs/routing-benchmark.md): the blocks the affinity benchmark's engines publish."""
@@ -102,7 +102,7 @@ def events(ids: list[int], generated: int, stored_from: int, removed: list[int])
 
 def frames(seq: int, batch_events: list[dict[str, Any]]) -> list[bytes]:
     """The frames (topic, seq, payload) of a vLLM batch holding `batch_events`."""
-    payload: bytes = msgpack.packb([float(seq), batch_events, 0])
+    payload: bytes = msgspec.msgpack.encode([float(seq), batch_events, 0])
     return [b"kv", seq.to_bytes(8, "big", signed=True), payload]
 
 

@@ -108,7 +108,7 @@ def build(
     lifecycle = lifecycle or Lifecycle()
     kv_events = None
     if any(b.kv_events is not None for pool in config.pools.values() for b in pool.backends):
-        # Imported only here: a gateway without event sources loads neither pyzmq nor msgpack.
+        # Imported only here: a gateway without event sources loads neither pyzmq nor msgspec.
         from gateway.fleet.kvevents.fleet import follow
 
         kv_events = follow(config, metrics)

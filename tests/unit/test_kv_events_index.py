@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-import msgpack
+import msgspec
 import pytest
 
 from gateway.fleet.kvevents.decode import (
@@ -19,6 +19,7 @@ from gateway.fleet.kvevents.decode import (
     BlockStored,
     EventBatch,
     EventDecodeError,
+    TypedDecoder,
     decode_batch,
 )
 from gateway.fleet.kvevents.index import EngineIndex
@@ -41,18 +42,18 @@ def _payloads(data: dict[str, Any], key: str = "frames") -> list[bytes]:
 
 def _as_arrays(payload: bytes, engine: str) -> bytes:
     """The same batch with every event array-shaped, as older vLLM and SGLang releases send it."""
-    ts, events, *rest = msgpack.unpackb(payload, raw=False)
+    ts, events, *rest = msgspec.msgpack.decode(payload)
     out = []
     for e in events:
         names = STORED_FIELDS[engine] if e["type"] == "BlockStored" else ("block_hashes", "medium")
         out.append([e["type"], *(e.get(n) for n in names)] if e["type"] != "AllBlocksCleared" else [e["type"]])
-    packed: bytes = msgpack.packb([ts, out, *rest])
+    packed: bytes = msgspec.msgpack.encode([ts, out, *rest])
     return packed
 
 
 def _bytes_hashes(payload: bytes) -> bytes:
     """The same batch with block hashes as bytes (vLLM with a non-64-bit hash function)."""
-    ts, events, *rest = msgpack.unpackb(payload, raw=False)
+    ts, events, *rest = msgspec.msgpack.decode(payload)
 
     def conv(h: Any) -> Any:
         return h.to_bytes(32, "big", signed=True) if isinstance(h, int) else h
@@ -62,7 +63,7 @@ def _bytes_hashes(payload: bytes) -> bytes:
             e["block_hashes"] = [conv(h) for h in e["block_hashes"]]
         if e.get("parent_block_hash") is not None:
             e["parent_block_hash"] = conv(e["parent_block_hash"])
-    packed: bytes = msgpack.packb([ts, events, *rest])
+    packed: bytes = msgspec.msgpack.encode([ts, events, *rest])
     return packed
 
 
@@ -85,6 +86,48 @@ def test_the_recording_holds_every_event_type(engine: str) -> None:
     assert kinds == {BlockStored, BlockRemoved, AllBlocksCleared}
     first = next(e for b in batches for e in b.events if isinstance(e, BlockStored))
     assert first.parent_block_hash is None and len(first.token_ids) == first.block_size * len(first.block_hashes)
+
+
+@pytest.mark.parametrize("engine", RECORDED)
+@pytest.mark.parametrize("encoding", ["recorded", "bytes_hashes"])
+def test_the_typed_decoder_takes_every_recorded_batch_and_agrees(engine: str, encoding: str) -> None:
+    """The engines' own shape goes the fast way, and gives what the generic path gives."""
+    typed = TypedDecoder()
+    for payload in _encoded(engine, encoding):
+        fast = typed(payload)
+        assert fast is not None
+        assert fast == decode_batch(payload, engine)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        msgspec.msgpack.encode([0.0, [["BlockStored", [1], None, [1, 2], 2]]]),  # array-shaped
+        msgspec.msgpack.encode({"ts": 0.0, "events": []}),  # a map batch
+        msgspec.msgpack.encode([0.0, [{"type": "Future"}]]),  # an event type it does not know
+        msgspec.msgpack.encode([0.0, [{"type": "BlockRemoved", "block_hashes": [1], "medium": 3}]]),
+        msgspec.msgpack.encode(
+            [0.0, [{"type": "BlockStored", "block_hashes": [1], "token_ids": [-1], "block_size": 1}]]
+        ),
+        b"\xc1",
+    ],
+)
+def test_the_typed_decoder_leaves_other_shapes_to_the_generic_path(payload: bytes) -> None:
+    assert TypedDecoder()(payload) is None
+
+
+def test_a_batch_the_typed_decoder_refuses_still_decodes_as_before() -> None:
+    """decode_batch with the typed decoder falls back: same events, same errors."""
+    typed = TypedDecoder()
+    odd = msgspec.msgpack.encode(
+        [1.0, [{"type": "Future"}, {"type": "BlockRemoved", "block_hashes": [5], "medium": 3}]]
+    )
+    assert decode_batch(odd, typed=typed) == EventBatch(1.0, (BlockRemoved((5,), None),), None)
+    bad = msgspec.msgpack.encode(
+        [0.0, [{"type": "BlockStored", "block_hashes": [1], "token_ids": [-1], "block_size": 1}]]
+    )
+    with pytest.raises(EventDecodeError, match="token ids"):
+        decode_batch(bad, typed=typed)
 
 
 @pytest.mark.parametrize("engine", RECORDED)
@@ -237,11 +280,13 @@ def test_the_keys_are_the_gateways_own() -> None:
     "payload",
     [
         b"\xc1",
-        msgpack.packb({"x": 1}),
-        msgpack.packb([0.0, [7]]),
-        msgpack.packb([0.0, [{"type": "BlockStored"}]]),
+        msgspec.msgpack.encode({"x": 1}),
+        msgspec.msgpack.encode([0.0, [7]]),
+        msgspec.msgpack.encode([0.0, [{"type": "BlockStored"}]]),
         *(
-            msgpack.packb([0.0, [{"type": "BlockStored", "block_hashes": [1], "token_ids": [1, bad], "block_size": 2}]])
+            msgspec.msgpack.encode(
+                [0.0, [{"type": "BlockStored", "block_hashes": [1], "token_ids": [1, bad], "block_size": 2}]]
+            )
             for bad in (-1, 2**32, 1.5, "2", None)
         ),
     ],
@@ -252,5 +297,5 @@ def test_a_malformed_payload_is_a_decode_error(payload: bytes) -> None:
 
 
 def test_an_unknown_event_type_is_skipped() -> None:
-    batch = decode_batch(msgpack.packb([1.5, [{"type": "Future"}, {"type": "AllBlocksCleared"}], 0]))
+    batch = decode_batch(msgspec.msgpack.encode([1.5, [{"type": "Future"}, {"type": "AllBlocksCleared"}], 0]))
     assert batch == EventBatch(1.5, (AllBlocksCleared(),), 0)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgpack
+import msgspec
 import pytest
 
 from benchmarks.overhead import kv_publisher, kvevents
@@ -20,7 +20,7 @@ KEEP = 10
 
 
 def batch(events: list[dict[str, Any]]) -> bytes:
-    payload: bytes = msgpack.packb([0.0, events, 0])
+    payload: bytes = msgspec.msgpack.encode([0.0, events, 0])
     return payload
 
 

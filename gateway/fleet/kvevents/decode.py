@@ -2,7 +2,15 @@
 BlockStored / BlockRemoved / AllBlocksCleared values. Both engines encode the batch as an array
 (`[ts, events, dp_rank]`) and each event as a msgspec tagged struct: a map with a `type` key
 (vLLM >= 0.11, SGLang 0.5) or, from older releases, an array whose first item is the tag. Block
-hashes are ints or bytes. Unknown event types and fields are skipped: both engines add fields."""
+hashes are ints or bytes. Unknown event types and fields are skipped: both engines add fields.
+
+Decoded with msgspec, the library both engines encode with. A batch in the shape they publish today
+(an array batch of map-shaped events of the three known types, every field of its declared type) is
+decoded straight into typed structs (wire.py), in C: one request's batch (a block of 128 ids
+stored, one removed) decoded and indexed in 6.0 µs instead of 6.9, 5.5 instead of 6.1 compiled
+(2-core AMD EPYC, 2026-12-07). Anything else (array-shaped events, a
+map batch, an unknown event type, a field of another type) takes the generic path, which accepts
+what it can and names what it cannot."""
 
 from __future__ import annotations
 
@@ -10,8 +18,9 @@ from array import array
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-import msgpack
+import msgspec
 
+from gateway.fleet.kvevents.wire import WireBatch, WireRemoved, WireStored
 from gateway.policy.blockkeys import TOKEN_TYPE, unpacked
 from gateway.value import value
 
@@ -84,13 +93,53 @@ class EventBatch:
     """The data-parallel (vLLM) or attention-DP (SGLang) rank that published it."""
 
 
-def decode_batch(payload: bytes, engine: str = "vllm") -> EventBatch:
-    """The batch in one msgpack payload; `engine` picks the field order of array-shaped events."""
+class TypedDecoder:
+    """The typed path of decode_batch: None for a payload it does not take whole."""
+
+    def __init__(self) -> None:
+        self._decoder = msgspec.msgpack.Decoder(WireBatch)
+
+    def __call__(self, payload: bytes) -> EventBatch | None:
+        try:
+            raw = self._decoder.decode(payload)
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            return None
+        events: list[KVEvent] = []
+        for e in raw.events:  # positional arguments: keywords cost twice the value's construction
+            if type(e) is WireStored:
+                extra = e.extra_keys
+                events.append(
+                    BlockStored(
+                        tuple(e.block_hashes),
+                        e.parent_block_hash,
+                        array(TOKEN_TYPE, e.token_ids).tobytes(),
+                        e.block_size,
+                        e.lora_name,
+                        e.cache_salt,
+                        e.medium,
+                        tuple([_frozen(x) for x in extra]) if extra is not None else None,
+                        e.kv_cache_spec_kind,
+                    )
+                )
+            elif type(e) is WireRemoved:
+                events.append(BlockRemoved(tuple(e.block_hashes), e.medium))
+            else:
+                events.append(AllBlocksCleared())
+        return EventBatch(raw.ts, tuple(events), raw.rank)
+
+
+def decode_batch(payload: bytes, engine: str = "vllm", typed: TypedDecoder | None = None) -> EventBatch:
+    """The batch in one msgpack payload; `engine` picks the field order of array-shaped events;
+    `typed`: try that decoder first (its payloads decode the same either way, faster)."""
+    if typed is not None:
+        batch = typed(payload)
+        if batch is not None:
+            return batch
     try:
-        raw = msgpack.unpackb(payload, raw=False, strict_map_key=False)
-    except (ValueError, msgpack.UnpackException) as exc:
+        raw = msgspec.msgpack.decode(payload)
+    except msgspec.DecodeError as exc:
         raise EventDecodeError(f"not msgpack: {exc}") from None
-    # msgpack gives plain dicts and lists: exact type checks, not the ABCs' (several times slower,
+    # The generic decode gives plain dicts and lists: exact type checks, not the ABCs' (several times slower,
     # and a batch is decoded for every engine step on the event loop).
     if type(raw) is dict:
         ts, events, rank = raw.get("ts"), raw.get("events"), raw.get("data_parallel_rank", raw.get("attn_dp_rank"))

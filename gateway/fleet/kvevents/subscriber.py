@@ -25,7 +25,7 @@ from typing import Final, cast
 import zmq
 import zmq.asyncio
 
-from gateway.fleet.kvevents.decode import EventDecodeError, decode_batch
+from gateway.fleet.kvevents.decode import EventDecodeError, TypedDecoder, decode_batch
 from gateway.fleet.kvevents.index import EngineIndex
 
 log = logging.getLogger(__name__)
@@ -97,6 +97,7 @@ class EventSubscriber:
         self._replay_endpoint = replay_endpoint
         self._topic = topic.encode()
         self._engine = engine
+        self._typed = TypedDecoder()
         self.name = name or endpoint
         self.index = index
         self.stats = SubscriberStats()
@@ -241,7 +242,7 @@ class EventSubscriber:
 
     def _apply(self, seq: int, payload: bytes) -> None:
         try:
-            batch = decode_batch(payload, self._engine)
+            batch = decode_batch(payload, self._engine, self._typed)
         except EventDecodeError as exc:
             log.warning("KV events of %s: batch %d undecodable: %s", self.name, seq, exc)
             self.stats.undecodable += 1
