@@ -27,6 +27,17 @@ checked then they slowed it: a check's tokenize call is a template render and an
 engine's API server that is taking the burst in (a request that misses an engine step waits a
 whole step), and a verification's encode in the worker thread takes the GIL and a core from the
 requests. Both only guard routing quality (ids that disagree match nothing), so they can wait."""
+ABSENT: Final = frozenset({404, 405, 501})
+"""Statuses that say the backend has no tokenize endpoint (an engine behind the gateway that is
+not vLLM or SGLang, or a proxy in front of one that does not pass the path)."""
+ABSENT_REST_S: Final = (60.0, 600.0)
+"""A backend without the endpoint is not asked again for this long, doubled each time it still
+answers so, up to the second figure: without a pause every prompt not remembered was asked of it
+again (up to BACKGROUND_CALLS at once), each a request the engine refuses."""
+FAILED_REST_S: Final = (1.0, 30.0)
+"""The same after a call that failed (no answer in time, a refused connection, a 5xx): the engine
+is busy or restarting, so it rests briefly. A 4xx other than ABSENT is about that prompt (too long,
+a template it refuses): the backend is asked again for the next one."""
 
 
 @value
@@ -55,18 +66,22 @@ class EngineTokens:
         self._streaming = streaming
         """Backends whose KV events the gateway follows."""
         self._turn = itertools.count()
+        self._resting: dict[str, tuple[float, float]] = {}
+        """Backend -> (not asked again before this loop time, the rest that ended there)."""
 
     def wanted(self, route: RouteConfig) -> bool:
         return any(pool in self._pools for pool in route.pools)
 
     def backends(self, route: RouteConfig) -> list[Backend]:
-        """The route's healthy event-streaming backends."""
+        """The route's healthy event-streaming backends, less those resting after a failed call."""
+        resting = self._resting
+        now = asyncio.get_running_loop().time() if resting else 0.0
         return [
             b
             for pool in route.pools
             if pool in self._pools
             for b in self._registry.pools.get(pool, ())
-            if b.healthy and not b.retired and b.name in self._streaming
+            if b.healthy and not b.retired and b.name in self._streaming and not _rests(resting, b.name, now)
         ]
 
     def next(self, route: RouteConfig) -> Backend | None:
@@ -106,9 +121,39 @@ class EngineTokens:
                 backend.url + call.path, dict(call.json), backend.auth_headers(), self._timeout_s, backend.name
             )
         except GatewayError as exc:
-            log.debug("token ids from %s failed: %s", backend.name, exc.message)
+            self._rest(backend.name, FAILED_REST_S, f"failed: {exc.message}")
             return None
+        if status in ABSENT:
+            self._rest(backend.name, ABSENT_REST_S, f"answered {status} to POST {call.path}", logging.WARNING)
+            return None
+        if status >= 500:
+            self._rest(backend.name, FAILED_REST_S, f"answered {status}")
+            return None
+        self._resting.pop(backend.name, None)
         tokens = data.get("tokens") if status == 200 and isinstance(data, Mapping) else None
         if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
             return None
         return tokens
+
+    def _rest(self, name: str, rests: tuple[float, float], why: str, level: int = logging.DEBUG) -> None:
+        """`name` is not asked again for a while: the first of `rests`, doubled each time in a row,
+        up to the second."""
+        now = asyncio.get_running_loop().time()
+        last = self._resting.get(name)
+        if last is not None and last[0] > now:
+            return  # a call that was already in flight when the rest began
+        rest = min(rests[1], last[1] * 2) if last is not None else rests[0]
+        self._resting[name] = (now + rest, rest)
+        log.log(
+            level if last is None else logging.DEBUG,
+            "token ids from %s: %s; it is not asked for %g s (the pool's `tokenizer` encodes prompts in the "
+            "gateway instead)",
+            name,
+            why,
+            rest,
+        )
+
+
+def _rests(resting: Mapping[str, tuple[float, float]], name: str, now: float) -> bool:
+    found = resting.get(name)
+    return found is not None and found[0] > now

@@ -282,3 +282,21 @@ async def test_the_tokenizers_check_waits_until_the_engine_has_nothing_in_flight
         assert not reply.done() and tokenize_calls(sims) == [0]
         assert (await reply).status_code == 200
         await wait_for_calls(sims, 1)  # the engine is quiet now: checked
+
+
+async def test_a_backend_without_tokenize_is_asked_once_then_rests(caplog: pytest.LogCaptureFixture) -> None:
+    """An engine that answers 404 to /tokenize is not asked again for every new prompt: each backend
+    is asked once, then rests (one warning each), and the requests are still served."""
+    async with serve() as (url, gw, sims), httpx.AsyncClient(base_url=url, timeout=10) as client:
+        for sim in sims:
+            del sim.api.routes[("POST", "/tokenize")]  # the simulator answers an unknown path 404
+        caplog.set_level(logging.WARNING, logger="gateway.pipeline.engine_tokens")
+        for i in range(12):
+            chat = [{"role": "user", "content": f"Question number {i} about rakes?"}]
+            r = await client.post("/v1/chat/completions", json={"model": "tiny", "messages": chat, "max_tokens": 2})
+            assert r.status_code == 200, r.text
+            await settled(gw)
+        assert tokenize_calls(sims) == [1, 1]
+        assert sources(gw, ("none",)) == {"none": 12}
+        warned = [r.getMessage() for r in caplog.records if "answered 404 to POST /tokenize" in r.getMessage()]
+        assert len(warned) == 2 and "not asked for 60 s" in warned[0]
