@@ -54,10 +54,12 @@ ROUTERS = {"sglang-router": "0.3.2", "vllm-router": "0.1.17"}
 KINDS = ("json", "sse", "paced")  # the upstream each test uses: nginx static, nginx static SSE, paced
 TESTS = ("nonstream", "fast", "realistic", "latency")
 MODEL = {kind: f"bench-{kind}" for kind in KINDS}
-KV_PEER = "gateway~kv_events"
-POOL_PEERS = {f"gateway~{b}": b for b in ("least_load", "prefix_affinity", "kv_events")}
-"""The json pool over two backends (both the nginx upstream) routed by this balancer; kv_events's
-backends publish every request's KV events (kv_publisher.py)."""
+KV_PEERS = ("gateway~kv_events", "gateway+mypyc~kv_events")
+POOL_PEERS = {
+    f"{build}~{b}": b for build in ("gateway", "gateway+mypyc") for b in ("least_load", "prefix_affinity", "kv_events")
+}
+"""The json pool over two backends (both the nginx upstream) routed by this balancer, as Python or
+the compiled build; kv_events's backends publish every request's KV events (kv_publisher.py)."""
 
 NGINX_PROXY_SERVER = """\
     upstream up_{kind} {{ server 127.0.0.1:{up_port}; keepalive 256; }}
@@ -383,7 +385,7 @@ def main() -> int:
     meta: dict[str, Any] = {"params": {k: str(v) for k, v in vars(a).items()}, "head": head_state()}
     try:
         up_port, paced_port, sse_port = free_port(), free_port(), free_port()
-        kv = KV_PEER in peer_names
+        kv = any(n in KV_PEERS for n in peer_names)
         access = str(tmp / "json-access.log") if kv else ""
         log_line = configs.json_log(access, up_port)
         ups = configs.NGINX_CONF.format(tmp=tmp, port=up_port, sse_port=sse_port, json_log=log_line)
@@ -489,9 +491,10 @@ def main() -> int:
                     level = name.split("@", 1)[1] if "@" in name else None
                     peer = start_gateway(name, level, REPO)
                 elif name in POOL_PEERS:
-                    peer = start_gateway(name, None, REPO, balancer=POOL_PEERS[name])
+                    src = compiled_build() if name.startswith("gateway+mypyc") else REPO
+                    peer = start_gateway(name, None, src, balancer=POOL_PEERS[name])
                     peer.note = f"json pool: {POOL_PEERS[name]} over two backends"
-                    if name == KV_PEER:
+                    if name in KV_PEERS:
                         step = f"a batch per engine every {a.kv_step_ms:g} ms" if a.kv_step_ms else "one a request"
                         peer.note += f"; every request's events published, {step}"
                 elif name == "gateway+mypyc":
@@ -664,10 +667,9 @@ def main() -> int:
                     for proc in peer.procs:
                         if not proc.alive():
                             raise SystemExit(f"{peer.name} died:\n{proc.tail()}")
-        kv_peer = next((p for p in running if p.name == KV_PEER), None)
-        if kv_peer is not None:
-            meta["kv_events"] = kv_events_seen(kv_peer.urls["json"])
-            log(f"{KV_PEER}: {meta['kv_events']}")
+        for kv_peer in [p for p in running if p.name in KV_PEERS]:
+            seen = meta.setdefault("kv_events", {})[kv_peer.name] = kv_events_seen(kv_peer.urls["json"])
+            log(f"{kv_peer.name}: {seen}")
         meta["elapsed_s"] = time.monotonic() - t0
     finally:
         env.stop_all()
