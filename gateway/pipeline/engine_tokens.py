@@ -32,8 +32,8 @@ ABSENT: Final = frozenset({404, 405, 501})
 not vLLM or SGLang, or a proxy in front of one that does not pass the path)."""
 ABSENT_REST_S: Final = (60.0, 600.0)
 """A backend without the endpoint is not asked again for this long, doubled each time it still
-answers so, up to the second figure: without a pause every prompt not remembered was asked of it
-again (up to BACKGROUND_CALLS at once), each a request the engine refuses."""
+answers so, up to the second figure: without a pause every prompt not remembered would be asked of
+it again (up to BACKGROUND_CALLS at once), each a request the engine refuses."""
 FAILED_REST_S: Final = (1.0, 30.0)
 """The same after a call that failed (no answer in time, a refused connection, a 5xx): the engine
 is busy or restarting, so it rests briefly. A 4xx other than ABSENT is about that prompt (too long,
