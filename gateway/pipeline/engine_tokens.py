@@ -70,7 +70,7 @@ class EngineTokens:
         """Backend -> (not asked again before this loop time, the rest that ended there)."""
 
     def wanted(self, route: RouteConfig) -> bool:
-        return any(pool in self._pools for pool in route.pools)
+        return not self._pools.isdisjoint(route.pools)
 
     def backends(self, route: RouteConfig) -> list[Backend]:
         """The route's healthy event-streaming backends, less those resting after a failed call."""

@@ -40,6 +40,8 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final
 
+import prometheus_client
+
 from gateway.config import GatewayConfig, RouteConfig
 from gateway.fleet.registry import Registry
 from gateway.metrics import GatewayMetrics
@@ -87,6 +89,8 @@ class PromptTokens:
         self._engines = EngineTokens(config, registry, upstream, streaming)
         self._metrics = metrics
         self.memo = TokenMemo()
+        self._counters: dict[str, prometheus_client.Counter] = {}
+        """Source -> its child of kv_prompt_ids, found once (every request counts one)."""
         self._asking: set[int] = set()
         """The keys of the prompts being asked: one call a prompt, however many requests send it."""
         self._background: set[asyncio.Task[Any]] = set()
@@ -274,7 +278,10 @@ class PromptTokens:
         )
 
     def _count(self, source: str) -> None:
-        self._metrics.child(self._metrics.kv_prompt_ids, source).inc()
+        counter = self._counters.get(source)
+        if counter is None:
+            counter = self._counters[source] = self._metrics.child(self._metrics.kv_prompt_ids, source)
+        counter.inc()
 
     async def _ask(self, asked: Asked) -> None:
         try:

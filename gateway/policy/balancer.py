@@ -5,7 +5,7 @@ passed in."""
 from __future__ import annotations
 
 import math
-from collections import Counter, OrderedDict, deque
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from hashlib import blake2b
 from typing import Protocol
@@ -268,7 +268,9 @@ class KVEvents(_NoMemory):
         self._window = window
         self._recent: deque[bytes] = deque()
         """The conversation keys of the last `window` requests, oldest first."""
-        self._counts: Counter[bytes] = Counter()
+        self._counts: dict[bytes, int] = {}
+        """Conversation key -> its requests among `_recent` (a plain dict: Counter's methods are
+        Python, and this runs for every request)."""
         self._orders: dict[bytes, tuple[tuple[str, ...], list[str]]] = {}
         """Conversation key -> (the candidates' names, their rendezvous order for it)."""
 
@@ -289,7 +291,8 @@ class KVEvents(_NoMemory):
         return order
 
     def choose(self, candidates: Sequence[Candidate], key: BalanceKey) -> tuple[list[Candidate], KVChoice | None]:
-        """The order, and the decision with its explanation (None: no candidates)."""
+        """The order, and the decision with its explanation (None: no candidates). Runs for every
+        request of a kv_events pool: plain loops, no generator or sort on the two-backend path."""
         if not candidates:
             return [], None
         states = [_state(c) for c in candidates]
@@ -297,7 +300,12 @@ class KVEvents(_NoMemory):
         hashed = self._hashed(seed, candidates) if seed is not None else []
         hot = seed is not None and self._hot(seed, len(candidates))
         choice = choose(states, hashed, key.cached, self._saturation, hot)
-        first = next(c for c in candidates if c.name == choice.favourite)
+        pick = choice.favourite
+        first = candidates[0]
+        for c in candidates:
+            if c.name == pick:
+                first = c
+                break
         if len(candidates) == 2:
             rest = [candidates[1] if first is candidates[0] else candidates[0]]
         else:
@@ -310,13 +318,17 @@ class KVEvents(_NoMemory):
         recent requests (with 2 backends: a sixth)."""
         recent, counts = self._recent, self._counts
         recent.append(seed)
-        counts[seed] += 1
+        count = counts[seed] = counts.get(seed, 0) + 1
         if len(recent) > self._window:
             old = recent.popleft()
-            counts[old] -= 1
-            if not counts[old]:
+            left = counts[old] - 1
+            if left:
+                counts[old] = left
+            else:
                 del counts[old]
-        return counts[seed] * backends >= HOT_SHARE * max(len(recent), self._window // 2)
+            if old == seed:
+                count -= 1
+        return count * backends >= HOT_SHARE * max(len(recent), self._window // 2)
 
 
 def kv_load(c: Candidate) -> float:
@@ -333,6 +345,8 @@ def kv_load(c: Candidate) -> float:
 
 
 def _state(c: Candidate) -> EngineState:
+    if not c.load_fresh and c.ramp >= 1.0:  # most requests: no fresh scrape, no slow start (kv_load)
+        return EngineState(c.name, float(c.in_flight) + c.decided)
     load = kv_load(c)
     if c.load_fresh and c.load is not None:
         return EngineState(c.name, load, c.load.waiting, c.load.kv_usage)

@@ -38,8 +38,13 @@ class CachedPrefix:
 
     def tokens(self, name: str) -> int | None:
         """The prompt tokens `name` holds by its events (None: it streams none)."""
-        size = dict(self.block_sizes).get(name)
-        return dict(self.blocks).get(name, 0) * size if size is not None else None
+        for backend, size in self.block_sizes:
+            if backend == name:
+                for holder, held in self.blocks:
+                    if holder == name:
+                        return held * size
+                return 0
+        return None
 
 
 @value
@@ -119,8 +124,11 @@ def choose(
     total = 0.0
     for s in states:
         total += s.load
-    limit = bound_of(total, n, sat.epsilon)
-    keep = max(limit, (total + 1.0) / n + sat.slack)  # what a holder of the prompt may carry: bound_of's slack
+    mean = (total + 1.0) / n
+    limit = float(math.ceil((1.0 + sat.epsilon) * mean))  # bound_of(total, n, epsilon), inlined
+    if limit < mean:
+        limit = mean
+    keep = max(limit, mean + sat.slack)  # what a holder of the prompt may carry: bound_of's slack
     busy: frozenset[str] = frozenset()
     if sat.waiting is not None or sat.kv_usage is not None:  # the signals are off by default
         # Saturated: the engine says so in a fresh scrape AND it carries more than the mean load now.
@@ -132,22 +140,14 @@ def choose(
         if flagged and len(flagged) < n:
             mean_now = total / n
             busy = frozenset([s.name for s in flagged if s.load > mean_now])
-    matched: Mapping[str, int] = dict(cached.blocks) if cached is not None and cached.blocks else {}
+    matched: dict[str, int] = {}  # the backends holding any of it: most requests match nothing
+    if cached is not None:
+        for name, held in cached.blocks:
+            if held:
+                matched[name] = held
     best = max([matched.get(s.name, 0) for s in states]) if matched else 0
     if best > 0:
-        rank = {name: i for i, name in enumerate(hashed)}
-        last = len(rank)
-        open_ = [s for s in states if s.load + 1.0 <= limit and s.name not in busy]
-        if hot:
-            # A hot conversation is worth a copy on every backend it needs: its requests go to the
-            # least loaded backend holding all but at most one block of its prefix, under the plain
-            # bound (no slack), so its traffic evens the load; past that bound it spills and the
-            # copy it makes is reused by its next requests.
-            near = [s for s in open_ if matched.get(s.name, 0) >= best - 1]
-            if near:
-                pick = min(near, key=lambda s: (s.load, -matched.get(s.name, 0), rank.get(s.name, last), s.name))
-                return _choice(pick.name, "sticky", states, matched, cached)
-        else:
+        if not hot:
             # Of the backends with room holding the longest prefix, the first in the conversation's
             # hash order (its home), then the least loaded: a conversation that spilled once goes
             # back home while there is room, and the copy elsewhere ages out instead of being kept
@@ -155,9 +155,27 @@ def choose(
             holders = [
                 s for s in states if matched.get(s.name, 0) == best and s.load + 1.0 <= keep and s.name not in busy
             ]
+            if len(holders) == 1:  # most sticky requests: one backend holds the longest prefix
+                return _choice(holders[0].name, "sticky", states, matched, cached)
             if holders:
+                rank = {name: i for i, name in enumerate(hashed)}
+                last = len(rank)
                 home = min(holders, key=lambda s: (rank.get(s.name, last), s.load, s.name))
                 return _choice(home.name, "sticky", states, matched, cached)
+        open_ = [s for s in states if s.load + 1.0 <= limit and s.name not in busy]
+        if hot:
+            # A hot conversation is worth a copy on every backend it needs: its requests go to the
+            # least loaded backend holding all but at most one block of its prefix, under the plain
+            # bound (no slack), so its traffic evens the load; past that bound it spills and the
+            # copy it makes is reused by its next requests.
+            near = [s for s in open_ if matched.get(s.name, 0) >= best - 1]
+            if len(near) == 1:
+                return _choice(near[0].name, "sticky", states, matched, cached)
+            if near:
+                rank = {name: i for i, name in enumerate(hashed)}
+                last = len(rank)
+                pick = min(near, key=lambda s: (s.load, -matched.get(s.name, 0), rank.get(s.name, last), s.name))
+                return _choice(pick.name, "sticky", states, matched, cached)
         if open_:
             # The holders are saturated: of those with room, the one holding the most of the prompt
             # (a partial holder still saves its blocks' prefill), then the least loaded.
@@ -221,7 +239,10 @@ def _choice(
 def _explain(
     pick: str, reason: str, states: Sequence[EngineState], matched: Mapping[str, int], cached: CachedPrefix | None
 ) -> str:
-    blocks = ",".join([f"{s.name}:{matched.get(s.name, 0)}" for s in states])
-    loads = ",".join([f"{s.name}:{s.load:g}" for s in states])
+    blocks, loads = [], []
+    for s in states:
+        name, load = s.name, s.load
+        blocks.append(f"{name}:{matched.get(name, 0)}")
+        loads.append(f"{name}:{load:g}")
     total = cached.prompt_blocks if cached is not None else 0
-    return f"kv_events {reason} {pick}; blocks {blocks} of {total}; load {loads}"
+    return f"kv_events {reason} {pick}; blocks {','.join(blocks)} of {total}; load {','.join(loads)}"

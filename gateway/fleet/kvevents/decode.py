@@ -108,11 +108,15 @@ class TypedDecoder:
         for e in raw.events:  # positional arguments: keywords cost twice the value's construction
             if type(e) is WireStored:
                 extra = e.extra_keys
+                try:
+                    tokens = array(TOKEN_TYPE, e.token_ids).tobytes()
+                except OverflowError:  # an id outside 0..2^32-1: the generic path names it
+                    return None
                 events.append(
                     BlockStored(
                         tuple(e.block_hashes),
                         e.parent_block_hash,
-                        array(TOKEN_TYPE, e.token_ids).tobytes(),
+                        tokens,
                         e.block_size,
                         e.lora_name,
                         e.cache_salt,

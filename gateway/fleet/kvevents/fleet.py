@@ -87,10 +87,12 @@ class KVEventFleet:
             size = sub.index.block_size
             if size is None:
                 continue
-            if size not in keys:
-                keys[size] = self._chains.keys(tokens, size)
-            prompt_blocks = max(prompt_blocks, len(keys[size]))
-            blocks.append((name, self._held(name, sub.index, keys[size], now)))
+            own = keys.get(size)
+            if own is None:
+                own = keys[size] = self._chains.keys(tokens, size)
+                if len(own) > prompt_blocks:
+                    prompt_blocks = len(own)
+            blocks.append((name, self._held(name, sub.index, own, now) if own else 0))
             sizes.append((name, size))
         return PromptBlocks(CachedPrefix(tuple(blocks), prompt_blocks, tuple(sizes), whole), keys)
 
