@@ -243,9 +243,15 @@ def _batches(args: argparse.Namespace, chats: list[list[dict[str, str]]]) -> lis
 
     tokenizer = ChatTokenizer.load(Path(args.tokenizer)) if args.tokenizer else None
     prompts: list[list[int]] = []
+    encoded: dict[int, list[int]] = {}  # the same conversation object is encoded once
     for messages in chats:
-        ids = tokenizer.ids({"messages": messages}) if tokenizer is not None else None
-        prompts.append(ids if ids is not None else [FILLER_PROMPT] * (sum(len(m["content"]) for m in messages) // 3))
+        ids = encoded.get(id(messages))
+        if ids is None:
+            ids = tokenizer.ids({"messages": messages}) if tokenizer is not None else None
+            if ids is None:
+                ids = [FILLER_PROMPT] * (sum(len(m["content"]) for m in messages) // 3)
+            encoded[id(messages)] = ids
+        prompts.append(ids)
     return kvevents.batches(prompts, generated=kvevents.GENERATED, keep=args.requests // 2)
 
 
