@@ -5,9 +5,14 @@ to compare two commits in a few seconds, and to profile the gateway's code alone
 PYTHONPATH=TREE python3 benchmarks/overhead/inprocess.py [--requests N] [--stream] [--profile FILE] [--trace R]
 PYTHONPATH=. python3 benchmarks/overhead/inprocess.py --balancer kv_events --backends 2 [--distinct [--walk]|--no-feed]
 
-It prints CPU µs per request (the best of --repeat runs). --trace R: tracing on, sampling a share R
-of the requests, exporting to otlp_sink.py in a process of its own (the exporter's thread is this
-process's, and counted).
+It prints CPU µs per request (the best of --repeat runs). --instructions: instead, the
+instructions per request, counted by valgrind's callgrind (apt-get install valgrind): this harness
+run twice under it, with --requests 100 and with --requests (one run each; both build the larger
+run's bodies and event batches), and the difference of the two counts over the difference of the
+requests, so that start-up and set-up cancel out. A count does not move with the VM's noise, so it
+ranks two trees in one run each; the kernel and cache misses are left out, as in instructions.py.
+--trace R: tracing on, sampling a share R of the requests, exporting to otlp_sink.py in a process
+of its own (the exporter's thread is this process's, and counted).
 
 --balancer and --backends: the pool's balancer and its backends (all answered from memory). With
 kv_events each backend names an event endpoint that nothing publishes on, and each request's event
@@ -49,6 +54,10 @@ import kvevents
 
 FILLER_PROMPT = 7
 """A prompt's ids when no tokenizer is named (the gateway then matches nothing)."""
+WARMUP = 500
+"""Requests sent before the timed ones."""
+INSTRUCTION_BASE = 100
+"""--instructions: the smaller of the two runs' timed requests."""
 
 
 class _Connection:
@@ -140,8 +149,8 @@ async def _main(args: argparse.Namespace) -> None:
     routes = "".join(configs.ROUTE.format(model=m, pool=p) for m, p in (("json", "json"), ("sse", "sse")))
     text = configs.GATEWAY_CONF.format(port=0, nginx=9, sse="http://127.0.0.1:9/sse", paced=9, routes=routes)
     model = "sse" if args.stream else "json"
-    warmup, timed = 500, args.requests * args.repeat
-    requests, chats = _bodies(args, model, warmup + timed)
+    warmup, timed = WARMUP, args.requests * args.repeat
+    requests, chats = _bodies(args, model, max(warmup + timed, args.set_up_for))
     feed: list[list[bytes]] = []
     if args.balancer != "least_load" or args.backends != 1:
         ports = [_free_port() for _ in range(args.backends)]  # nothing listens: the subscribers wait
@@ -252,7 +261,27 @@ def _batches(args: argparse.Namespace, chats: list[list[dict[str, str]]]) -> lis
                 ids = [FILLER_PROMPT] * (sum(len(m["content"]) for m in messages) // 3)
             encoded[id(messages)] = ids
         prompts.append(ids)
-    return kvevents.batches(prompts, generated=kvevents.GENERATED, keep=args.requests // 2)
+    keep = max(args.requests, args.set_up_for) // 2
+    return kvevents.batches(prompts, generated=kvevents.GENERATED, keep=keep)
+
+
+def _count_instructions(requests: int) -> None:
+    """This harness under callgrind with INSTRUCTION_BASE and `requests` timed requests (the
+    same arguments otherwise); prints the instructions a request adds."""
+    if requests <= INSTRUCTION_BASE:
+        raise SystemExit(f"--instructions needs --requests above {INSTRUCTION_BASE}")
+    argv = [a for a in sys.argv[1:] if a != "--instructions"]
+    counts = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in (INSTRUCTION_BASE, requests):
+            cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/out", sys.executable, __file__]
+            # Both runs build the bodies and event batches of the larger one, so that set-up cancels.
+            sizes = ["--requests", str(n), "--repeat", "1", "--set-up-for", str(WARMUP + requests)]
+            done = subprocess.run([*cmd, *argv, *sizes], capture_output=True, text=True, check=True)
+            found = [line for line in done.stderr.splitlines() if "Collected :" in line]
+            counts.append(int(found[-1].split(":")[-1]))
+    per = (counts[1] - counts[0]) / (requests - INSTRUCTION_BASE)
+    print(json.dumps({"instructions_per_request": round(per), "requests": [INSTRUCTION_BASE, requests]}))
 
 
 def main() -> None:
@@ -272,7 +301,12 @@ def main() -> None:
         "--chars", type=int, default=0, help="every request one conversation of about this many characters"
     )
     parser.add_argument("--trace", type=float, default=None, help="tracing on at this sampling ratio")
+    parser.add_argument("--instructions", action="store_true", help="count instructions per request (callgrind)")
+    parser.add_argument("--set-up-for", type=int, default=0, help=argparse.SUPPRESS)  # --instructions' runs
     args = parser.parse_args()
+    if args.instructions:
+        _count_instructions(args.requests)
+        return
     sink = None
     if args.trace is not None:
         with socket.socket() as s:

@@ -7,8 +7,8 @@ hashes are ints or bytes. Unknown event types and fields are skipped: both engin
 Decoded with msgspec, the library both engines encode with. A batch in the shape they publish today
 (an array batch of map-shaped events of the three known types, every field of its declared type) is
 decoded straight into typed structs (wire.py), in C: one request's batch (a block of 128 ids
-stored, one removed) is decoded and indexed in 6.1 µs, against 7.2 by the generic path
-(docs/routing.md has the command). Anything else (array-shaped events, a
+stored, one removed) is decoded and indexed in three quarters of the generic path's time
+(docs/routing.md has the command and the figures). Anything else (array-shaped events, a
 map batch, an unknown event type, a field of another type) takes the generic path, which accepts
 what it can and names what it cannot."""
 
